@@ -1,0 +1,113 @@
+"""`adaptspec` command line: policy checks, the simulator, benchmarks, models, the server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from adaptspec.policy import PolicyError, load_policy
+
+
+def _write_json(path: str | None, data: dict) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        print(f"wrote {path}")
+
+
+def cmd_policy_check(args: argparse.Namespace) -> int:
+    policy = load_policy(args.file)
+    print(f"{args.file}: OK")
+    print(json.dumps(policy.model_dump(mode="json", by_alias=True), indent=2))
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from adaptspec.simulator import format_table, run_simulation
+
+    policy = load_policy(args.policy)
+    result = run_simulation(
+        policy, args.workload, preset=args.preset, seed=args.seed, quick=args.quick,
+        progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+    )
+    print(format_table(result))
+    _write_json(args.json, result)
+    return 0
+
+
+def cmd_bench_decide(args: argparse.Namespace) -> int:
+    from adaptspec.controller import time_decisions
+    from adaptspec.policy import CostModel
+
+    policy = load_policy(args.policy)
+    if args.preset:
+        policy = policy.model_copy(update={"cost_model": CostModel(preset=args.preset)})
+    rows = [time_decisions(policy, b, repeats=args.repeats) for b in args.batch]
+    print(f"{'batch':>6} {'median_us':>10} {'p99_us':>10}")
+    for r in rows:
+        print(f"{r['batch']:>6} {r['median_us']:>10.1f} {r['p99_us']:>10.1f}")
+    _write_json(args.json, {"decision_time": rows, "policy": str(args.policy)})
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from adaptspec import models
+
+    if args.which == "tiny":
+        info = models.build_tiny(Path(args.out) if args.out else None)
+    else:
+        info = models.build_qwen(Path(args.out) if args.out else None)
+    print(json.dumps(info, indent=2, default=str))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="adaptspec", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    pol = sub.add_parser("policy", help="policy tools")
+    pol_sub = pol.add_subparsers(dest="policy_command", required=True)
+    chk = pol_sub.add_parser("check", help="validate a policy and print it resolved")
+    chk.add_argument("file")
+    chk.set_defaults(func=cmd_policy_check)
+
+    sim = sub.add_parser("simulate", help="simulate none vs static K vs adaptive vs oracle")
+    sim.add_argument("--policy", default="policies/default.yaml")
+    sim.add_argument("--workload", default="mixed", choices=["mixed", "code", "creative"])
+    sim.add_argument("--preset", choices=["cpu", "gpu"], default=None,
+                     help="step-time model of the simulated engine (default: the policy's)")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--quick", action="store_true", help="fewer loads and requests")
+    sim.add_argument("--json", default=None, help="write the result here")
+    sim.set_defaults(func=cmd_simulate)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    dec = bench_sub.add_parser("decide", help="controller decision time per step")
+    dec.add_argument("--policy", default="policies/default.yaml")
+    dec.add_argument("--preset", choices=["cpu", "gpu"], default="gpu")
+    dec.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64, 256])
+    dec.add_argument("--repeats", type=int, default=5000)
+    dec.add_argument("--json", default=None)
+    dec.set_defaults(func=cmd_bench_decide)
+
+    mod = sub.add_parser("models", help="build the test model pair or fetch the Qwen pair")
+    mod.add_argument("which", choices=["tiny", "qwen"])
+    mod.add_argument("--out", default=None, help="output folder (default: ~/.cache/adaptspec)")
+    mod.set_defaults(func=cmd_models)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except PolicyError as e:
+        print(f"adaptspec: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Step-time model of a verify pass, learned online by recursive least squares.
+
+Features of a step with B requests, S draft tokens in all and longest draft maxK:
+[1, B, S, maxK, S > 0, max(0, B + S - knee)]. Below the knee the extra verify tokens are almost
+free (a memory-bound GPU); above it every token costs (compute-bound, or a CPU from the first
+token). The policy's prior curve is the starting point and is worth `prior_weight` steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from adaptspec.policy import CostModel
+
+N_FEATURES = 6
+
+
+def features(batch: np.ndarray | float, spec_tokens: np.ndarray | float,
+             max_k: np.ndarray | float, knee: float) -> np.ndarray:
+    """Feature matrix [n, 6] for vectors of candidate plans (or one plan as scalars)."""
+    b = np.asarray(batch, dtype=float)
+    s = np.asarray(spec_tokens, dtype=float)
+    b, s, m = np.broadcast_arrays(b, s, np.asarray(max_k, dtype=float))
+    return np.stack(
+        [np.ones_like(b), b, s, m, (s > 0).astype(float), np.maximum(0.0, b + s - knee)], axis=-1
+    )
+
+
+class StepCostModel:
+    """Predicts step time (ms) from the batch shape; `partial_fit` adds one measured step.
+
+    The fit minimises relative error (a 5 ms step matters as much as a 500 ms one) over a
+    window of recent steps with exponentially decaying weights, plus a pull toward the prior
+    curve worth `prior_weight` steps, under non-negative coefficients (costs
+    cannot be negative; it also keeps collinear features, such as a knee of 1 where the hinge
+    equals B + S - 1, from cancelling each other). The 6x6 normal equations are re-solved
+    every `refit_every` steps, so the per-step cost is one row written into a ring buffer.
+
+    Attributes: coef (ms per feature), prior_coef, knee, n_updates.
+    """
+
+    def __init__(self, cfg: CostModel, window: int = 512, refit_every: int = 8) -> None:
+        self.knee = float(cfg.knee_tokens)
+        self.learn = cfg.learn
+        self.forgetting = cfg.forgetting
+        self.prior_coef = np.asarray(cfg.coefficients(), dtype=float)
+        self.coef = self.prior_coef.copy()
+        self.refit_every = refit_every
+        # With a knee at or below one token the hinge is B + S - knee for every real batch,
+        # a copy of other features: leave it out so the fit is identifiable.
+        self._active = np.ones(N_FEATURES, dtype=bool)
+        if self.knee <= 1.0:
+            self._active[5] = False
+            self.coef[5] = 0.0
+        self.n_updates = 0
+        self._x = np.zeros((window, N_FEATURES))
+        self._y = np.zeros(window)
+        # The prior is a penalty on each coefficient's distance from the prior curve, scaled
+        # so that it weighs as much as `prior_weight` steps of a typical plan would.
+        # (Pseudo-observations at extreme plans would fight real data where it never reaches.)
+        x_ref = features(8, 16, 4, self.knee)
+        y_ref = max(float(x_ref @ self.prior_coef), 1e-6)
+        self._prior_prec = np.diag(cfg.prior_weight * np.maximum(x_ref / y_ref, 1e-6) ** 2)
+
+    def predict(self, batch: float, spec_tokens: np.ndarray | float,
+                max_k: np.ndarray | float) -> np.ndarray:
+        """Predicted step time (ms) of plans with `batch` requests, vectorised over plans."""
+        c0, c_b, c_s, c_m, c_on, c_knee = self.coef.tolist()
+        s = np.asarray(spec_tokens, dtype=float)
+        t = (c0 + c_b * batch) + c_s * s + c_m * np.asarray(max_k, dtype=float)
+        t += c_on * (s > 0)
+        if c_knee > 0:
+            t += c_knee * np.maximum(0.0, (batch - self.knee) + s)
+        return t
+
+    def partial_fit(self, batch: int, spec_tokens: int, max_k: int, step_ms: float) -> None:
+        if not self.learn or not np.isfinite(step_ms) or step_ms <= 0:
+            return
+        i = self.n_updates % len(self._y)
+        self._x[i] = (1.0, batch, spec_tokens, max_k, float(spec_tokens > 0),
+                      max(0.0, batch + spec_tokens - self.knee))
+        self._y[i] = step_ms
+        self.n_updates += 1
+        if self.n_updates % self.refit_every == 0 or self.n_updates < self.refit_every:
+            self.fit()
+
+    def fit(self) -> StepCostModel:
+        """Re-solve the coefficients from the window and the prior."""
+        n = min(self.n_updates, len(self._y))
+        if n == 0:
+            return self
+        newest = (self.n_updates - 1) % len(self._y)
+        age = (newest - np.arange(n)) % len(self._y)
+        x, y = self._x[:n], self._y[:n]
+        w = self.forgetting**age / y**2
+        xtx = self._prior_prec + (x * w[:, None]).T @ x
+        xty = self._prior_prec @ self.prior_coef + (x * w[:, None]).T @ y
+        self.coef = _nonnegative_solve(xtx, xty, self._active)
+        return self
+
+
+def _nonnegative_solve(a: np.ndarray, b: np.ndarray, active: np.ndarray) -> np.ndarray:
+    """argmin_{c >= 0} of the quadratic with normal equations a c = b (active set).
+
+    lstsq rather than solve: features that never varied leave the system rank-deficient.
+    """
+    free = active.copy()
+    c = np.zeros(len(b))
+    for _ in range(len(b)):
+        c[:] = 0.0
+        c[free] = np.linalg.lstsq(a[np.ix_(free, free)], b[free], rcond=1e-10)[0]
+        if (c >= 0).all():
+            return c
+        free &= c > 0
+        if not free.any():
+            break
+    return np.maximum(c, 0.0)

@@ -1,0 +1,106 @@
+"""Prometheus metrics of the controller, with names fixed so dashboards can rely on them.
+
+Class labels are capped: the first `max_classes` distinct class names keep their own series,
+later ones fold into `other`, so a client inventing class names cannot explode cardinality.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from adaptspec.policy import OTHER_CLASS
+
+if TYPE_CHECKING:
+    from adaptspec.controller import Controller
+
+DECISION_LABELS = ("speculate", "plain", "latency_critical", "fallback")
+
+
+class Metrics:
+    """The `adaptspec_*` series. `record_step` is called by the controller once per step."""
+
+    def __init__(self, max_classes: int, k_max: int,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.max_classes = max_classes
+        self.k_max = k_max
+        self._labels: dict[str, str] = {}
+        kw = {"registry": registry} if registry is not None else {}
+        self.draft_tokens = Counter(
+            "adaptspec_draft_tokens", "Draft tokens verified", ["class"], **kw)
+        self.accepted_tokens = Counter(
+            "adaptspec_accepted_tokens", "Draft tokens accepted", ["class"], **kw)
+        self.accepted_per_pos = Counter(
+            "adaptspec_accepted_tokens_per_pos",
+            "Draft tokens accepted at each draft position", ["class", "position"], **kw)
+        self.drafted_per_pos = Counter(
+            "adaptspec_draft_tokens_per_pos",
+            "Draft tokens verified at each draft position", ["class", "position"], **kw)
+        self.steps = Counter(
+            "adaptspec_steps", "Per-request decisions, one per request per step",
+            ["class", "decision"], **kw)
+        self.chosen_k = Histogram(
+            "adaptspec_chosen_k", "K chosen per request per step", ["class"],
+            buckets=[0.5 + k for k in range(max(k_max, 1))] + [float("inf")], **kw)
+        self.acceptance = Gauge(
+            "adaptspec_acceptance_estimate",
+            "Posterior mean acceptance of the first draft position", ["class"],
+            multiprocess_mode="mostrecent", **kw)
+        self.errors = Counter(
+            "adaptspec_controller_errors", "Controller faults absorbed (fallback K used)", **kw)
+        self.step_time = Gauge(
+            "adaptspec_step_time_ms", "Measured step time of the last step", ["kind"],
+            multiprocess_mode="mostrecent", **kw)
+
+    def label(self, name: str) -> str:
+        lab = self._labels.get(name)
+        if lab is None:
+            lab = name if len(self._labels) < self.max_classes else OTHER_CLASS
+            if len(self._labels) < self.max_classes * 4:
+                self._labels[name] = lab
+        return lab
+
+    def record_error(self) -> None:
+        self.errors.inc()
+
+    def record_step(self, ctl: Controller, slots: np.ndarray, drafted: np.ndarray,
+                    accepted: np.ndarray, ks: np.ndarray, kinds: np.ndarray) -> None:
+        """Aggregate per class first so the Python work is per class, not per request."""
+        if slots.size == 0:
+            return
+        cls = ctl.req_class[slots]
+        n_cls = len(ctl.class_names)
+        kk = max(self.k_max, 1)
+        d = np.minimum(drafted, kk)
+        a = np.minimum(accepted, d)
+        d_sum = np.bincount(cls, weights=d, minlength=n_cls)
+        a_sum = np.bincount(cls, weights=a, minlength=n_cls)
+        key_a = np.bincount(cls * (kk + 1) + a, minlength=n_cls * (kk + 1)).reshape(n_cls, kk + 1)
+        key_d = np.bincount(cls * (kk + 1) + d, minlength=n_cls * (kk + 1)).reshape(n_cls, kk + 1)
+        # position j was accepted by requests with a > j, drafted by those with d > j
+        acc_pos = np.cumsum(key_a[:, :0:-1], axis=1)[:, ::-1]
+        dr_pos = np.cumsum(key_d[:, :0:-1], axis=1)[:, ::-1]
+        dec = np.bincount(cls * 4 + kinds, minlength=n_cls * 4).reshape(n_cls, 4)
+        means = ctl.estimator.mean()[:, 0]
+        for c in np.unique(cls):
+            lab = self.label(ctl.class_names[c])
+            if d_sum[c]:
+                self.draft_tokens.labels(lab).inc(d_sum[c])
+                self.accepted_tokens.labels(lab).inc(a_sum[c])
+                for j in np.flatnonzero(dr_pos[c]):
+                    self.drafted_per_pos.labels(lab, str(j)).inc(dr_pos[c, j])
+                    if acc_pos[c, j]:
+                        self.accepted_per_pos.labels(lab, str(j)).inc(acc_pos[c, j])
+            for i in np.flatnonzero(dec[c]):
+                self.steps.labels(lab, DECISION_LABELS[i]).inc(dec[c, i])
+            hist = self.chosen_k.labels(lab)
+            for k, count in enumerate(np.bincount(ks[cls == c])):
+                for _ in range(int(count)):
+                    hist.observe(k)
+            self.acceptance.labels(lab).set(float(means[c]))
+        if np.isfinite(ctl.last_step_ms):
+            self.step_time.labels("measured").set(ctl.last_step_ms)
+        if np.isfinite(ctl.last_predicted_ms):
+            self.step_time.labels("predicted").set(ctl.last_predicted_ms)
