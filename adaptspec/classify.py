@@ -45,7 +45,7 @@ class Classifier:
             if p.dynamic_classes and named != OTHER_CLASS and re.match(_NAME, named):
                 return named
             self._warn_once(named)
-        for rule, rx in zip(p.rules, self._regex):
+        for rule, rx in zip(p.rules, self._regex, strict=True):
             if self._matches(rule.match, rx, info):
                 return rule.class_
         return p.default_class

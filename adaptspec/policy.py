@@ -191,7 +191,8 @@ class Policy(_Strict):
     forgetting: float = Field(0.98, gt=0.5, le=1.0, description="per-step decay of evidence")
     request_forgetting: float = Field(0.9, gt=0.0, le=1.0)
     request_shrinkage: float = Field(
-        6.0, ge=0, description="observations a request needs before its own rate outweighs its class"
+        6.0, ge=0,
+        description="observations a request needs before its own rate outweighs its class",
     )
     hysteresis_steps: int = Field(
         2, ge=1, le=100,

@@ -193,7 +193,8 @@ def test_learned_k_follows_acceptance() -> None:
     ks = np.zeros(8, dtype=np.int64)
     history = []
     for _ in range(300):
-        acc = np.array([run_chain(np.array([a]), np.array([k]), rng)[0] for a, k in zip(truth, ks)])
+        acc = np.array([run_chain(np.array([a]), np.array([k]), rng)[0]
+                        for a, k in zip(truth, ks, strict=True)])
         ks = ctl.step(slots, ks, acc, 0.01)
         history.append(ks.copy())
     late = np.array(history[-100:])

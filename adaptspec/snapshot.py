@@ -1,0 +1,126 @@
+"""Learned controller state on disk: written atomically, read defensively.
+
+A snapshot holds what took traffic to learn (per-class acceptance evidence and the step-time
+curve), keyed by class name so it survives policy edits that add or reorder classes. It is
+plain JSON: nothing in it is executed, and a corrupt or foreign file is refused with a warning
+rather than half-applied.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from adaptspec.controller import Controller
+
+log = logging.getLogger(__name__)
+
+FORMAT = "adaptspec-state"
+VERSION = 1
+
+
+class SnapshotError(ValueError):
+    """A snapshot file that cannot be used."""
+
+
+def state_dict(ctl: Controller) -> dict[str, Any]:
+    est = ctl.estimator
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "k_max": est.k_max,
+        "steps": ctl.steps,
+        "classes": {
+            name: {"succ": est.succ[i].tolist(), "fail": est.fail[i].tolist()}
+            for i, name in enumerate(ctl.class_names)
+        },
+        "cost_coef_ms": ctl.cost.coef.tolist(),
+    }
+
+
+def load_state_dict(ctl: Controller, state: dict[str, Any]) -> int:
+    """Apply a snapshot to a controller; returns how many classes were restored.
+
+    Classes the policy no longer names are skipped; evidence for positions beyond the current
+    k_max is dropped. Validation happens before anything is written, so a bad file changes
+    nothing.
+    """
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise SnapshotError("not an adaptspec state snapshot")
+    if state.get("version") != VERSION:
+        raise SnapshotError(f"snapshot version {state.get('version')!r}, expected {VERSION}")
+    classes = state.get("classes")
+    if not isinstance(classes, dict):
+        raise SnapshotError("snapshot has no 'classes' mapping")
+    est = ctl.estimator
+    updates: list[tuple[int, np.ndarray, np.ndarray]] = []
+    for name, rec in classes.items():
+        idx = ctl._class_index.get(name) if isinstance(name, str) else None
+        if idx is None:
+            continue
+        try:
+            succ = np.asarray(rec["succ"], dtype=float)[: est.k_max]
+            fail = np.asarray(rec["fail"], dtype=float)[: est.k_max]
+        except (KeyError, TypeError, ValueError) as e:
+            raise SnapshotError(f"class {name!r}: {e}") from None
+        if succ.ndim != 1 or succ.shape != fail.shape:
+            raise SnapshotError(f"class {name!r}: succ/fail must be equal-length lists")
+        if not (np.isfinite(succ).all() and np.isfinite(fail).all()):
+            raise SnapshotError(f"class {name!r}: non-finite evidence")
+        if (succ < 0).any() or (fail < 0).any():
+            raise SnapshotError(f"class {name!r}: negative evidence")
+        updates.append((idx, succ, fail))
+    coef = state.get("cost_coef_ms")
+    coef_arr = None
+    if coef is not None:
+        coef_arr = np.asarray(coef, dtype=float)
+        if coef_arr.shape != ctl.cost.coef.shape or not np.isfinite(coef_arr).all() \
+                or (coef_arr < 0).any():
+            raise SnapshotError("cost_coef_ms does not fit this cost model")
+    for idx, succ, fail in updates:
+        n = len(succ)
+        est.succ[idx, :n] = succ
+        est.fail[idx, :n] = fail
+    if coef_arr is not None and ctl.cost.learn:
+        ctl.cost.coef = coef_arr
+    return len(updates)
+
+
+def save(ctl: Controller, path: str | Path) -> None:
+    """Write the snapshot atomically (temp file, fsync, rename), readable by the owner only."""
+    path = Path(path)
+    data = json.dumps(state_dict(ctl), separators=(",", ":")).encode()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load(ctl: Controller, path: str | Path) -> int:
+    """Read a snapshot into the controller. A missing file is not an error (returns 0)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return 0
+    try:
+        state = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SnapshotError(f"{path}: not valid JSON ({e})") from None
+    try:
+        return load_state_dict(ctl, state)
+    except SnapshotError as e:
+        raise SnapshotError(f"{path}: {e}") from None

@@ -1,0 +1,57 @@
+"""adaptspec's vLLM integration: adaptive K per request inside a real vLLM engine.
+
+Enabled by the entry point ``vllm.general_plugins: adaptspec = adaptspec_vllm:register``, which
+vLLM calls in every process (API server, engine core, workers). The pieces:
+
+* ``adaptspec_vllm.scheduler.AdaptiveScheduler``: a Scheduler subclass in the engine core that
+  classifies requests, feeds each step's drafted/accepted counts and step time to the controller,
+  cuts every request's drafts to the K it chose (any proposer method) and publishes K to workers.
+* ``adaptspec_vllm.proposer.NgramProposer`` / ``SuffixProposer``: ``custom_class`` proposers that
+  draft exactly the K asked per request (nothing for K = 0).
+
+Only this package imports vllm; ``adaptspec`` (the core) never does.
+"""
+
+from __future__ import annotations
+
+import os
+
+from adaptspec_vllm.version import SUPPORTED, UnsupportedVLLMVersion, check_version
+
+from vllm.logger import init_logger
+
+log = init_logger("vllm.adaptspec")
+
+SCHEDULER_CLS = "adaptspec_vllm.scheduler.AdaptiveScheduler"
+POLICY_ENV = "ADAPTSPEC_POLICY"
+
+__all__ = ["SCHEDULER_CLS", "SUPPORTED", "UnsupportedVLLMVersion", "check_version", "register"]
+
+
+def register() -> None:
+    """vLLM general-plugin entry point. Cheap and idempotent: vLLM may call it many times."""
+    check_version()
+    if os.environ.get(POLICY_ENV):
+        _default_scheduler_to_adaptive()
+
+
+def _default_scheduler_to_adaptive() -> None:
+    """With a policy set, make AdaptiveScheduler the default so `vllm serve` needs no extra flag.
+
+    Only the default changes: an explicit --scheduler-cls still wins.
+    """
+    from vllm.config.scheduler import SchedulerConfig
+
+    if getattr(SchedulerConfig.get_scheduler_cls, "_adaptspec", False):
+        return
+    original = SchedulerConfig.get_scheduler_cls
+
+    def get_scheduler_cls(self):  # type: ignore[no-untyped-def]
+        if self.scheduler_cls is None and not self.async_scheduling:
+            from adaptspec_vllm.scheduler import AdaptiveScheduler
+
+            return AdaptiveScheduler
+        return original(self)
+
+    get_scheduler_cls._adaptspec = True  # type: ignore[attr-defined]
+    SchedulerConfig.get_scheduler_cls = get_scheduler_cls  # type: ignore[method-assign]

@@ -1,0 +1,103 @@
+"""custom_class proposers: adaptspec's model-free drafters inside vLLM's model runner.
+
+Use with ``--speculative-config '{"method": "custom_class",
+"model": "adaptspec_vllm.proposer.NgramProposer", "num_speculative_tokens": 8}'``
+(or ``...proposer.SuffixProposer``).
+
+vLLM calls ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`` with rows of the
+input batch but no request ids and no per-request K. One wrapper around the model runner's
+``propose_draft_token_ids`` (installed by the first proposer built) records the batch's request
+ids and the K map the AdaptiveScheduler attached to the step's SchedulerOutput; the proposer
+reads them to draft exactly K tokens per request and nothing at all for K = 0.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from adaptspec_vllm.version import check_version
+
+from adaptspec import proposers as core
+
+_step = threading.local()  # req_ids and k_map of the step being drafted, per worker thread
+
+
+def _install_runner_hook() -> None:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = GPUModelRunner.propose_draft_token_ids
+    if getattr(original, "_adaptspec", False):
+        return
+
+    def propose_draft_token_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any):
+        _step.req_ids = self.input_batch.req_ids
+        _step.k_map = getattr(scheduler_output, "adaptspec_k", None)
+        try:
+            return original(self, scheduler_output, *args, **kwargs)
+        finally:
+            _step.req_ids = None
+            _step.k_map = None
+
+    propose_draft_token_ids._adaptspec = True  # type: ignore[attr-defined]
+    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids  # type: ignore[method-assign]
+
+
+class _AdaptiveProposer:
+    """Base: maps vLLM's batch rows to request ids and K, and keeps request lifetimes."""
+
+    def __init__(self, vllm_config: Any) -> None:
+        check_version()
+        self.k_max = int(vllm_config.speculative_config.num_speculative_tokens)
+        self.core = self.make_core()
+        self._live: set[str] = set()
+        _install_runner_hook()
+
+    def make_core(self) -> core.Proposer:
+        raise NotImplementedError
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """Model-free: nothing to load."""
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any,
+                token_ids_cpu: Any, *args: Any, **kwargs: Any) -> list[list[int]]:
+        req_ids = getattr(_step, "req_ids", None)
+        k_map = getattr(_step, "k_map", None)
+        if req_ids is None:
+            # The runner hook did not run (another vLLM code path): without ids there is no
+            # per-request state to keep, so draft nothing rather than guess.
+            return [[] for _ in sampled_token_ids]
+        drafts: list[list[int]] = []
+        for i, sampled in enumerate(sampled_token_ids):
+            if not sampled:  # a prefill chunk that produced no token yet
+                drafts.append([])
+                continue
+            req_id = req_ids[i]
+            k = self.k_max if k_map is None else min(k_map.get(req_id, self.k_max), self.k_max)
+            if k <= 0:
+                drafts.append([])
+                continue
+            n = int(num_tokens_no_spec[i])
+            drafts.append(self.core.propose(req_id, token_ids_cpu[i, :n], k).tokens)
+        self._forget_finished(req_ids)
+        return drafts
+
+    def _forget_finished(self, req_ids: list[str]) -> None:
+        current = set(req_ids)
+        for gone in self._live - current:
+            self.core.remove_request(gone)
+        self._live = current
+
+
+class NgramProposer(_AdaptiveProposer):
+    """Prompt-lookup drafts from each request's own tokens."""
+
+    def make_core(self) -> core.Proposer:
+        return core.NgramProposer(min_n=1, max_n=4)
+
+
+class SuffixProposer(_AdaptiveProposer):
+    """Drafts from the request's own text and from recent outputs of other requests."""
+
+    def make_core(self) -> core.Proposer:
+        return core.SuffixProposer()

