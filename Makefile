@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lint: setup
-	$(VENV)/bin/ruff check adaptspec plugins tests examples
+	$(VENV)/bin/ruff check adaptspec plugins tests bench
 
 test: lint
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -27,8 +27,6 @@ from adaptspec.demo import parse_metrics, per_class  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
-ROOT = Path(__file__).resolve().parent.parent
-RUNNER = ROOT / "tests" / "vllm_run.py"
 N_PROMPTS = 56
 MAX_TOKENS = 24
 OURS_NGRAM = "adaptspec_vllm.proposer.NgramProposer"
@@ -86,7 +84,8 @@ def run_engine(tmp: Path, name: str, model: str, prompts: list[list[int]], class
     cfg_path.write_text(json.dumps(cfg))
     full_env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(prom), "VLLM_CPU_KVCACHE_SPACE": "1",
                 **(env or {})}
-    proc = subprocess.run([sys.executable, str(RUNNER), str(cfg_path), str(out_path)],
+    proc = subprocess.run([sys.executable, "-m", "adaptspec_vllm.run_engine", str(cfg_path),
+                           str(out_path)],
                           env=full_env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise AssertionError(f"{name}: engine run failed\n{proc.stderr[-4000:]}")
@@ -107,8 +106,11 @@ def _read_multiproc(folder: Path) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    p = tmp_path_factory.mktemp("policy") / "test.yaml"
-    p.write_text(TEST_POLICY)
+    folder = tmp_path_factory.mktemp("policy")
+    p = folder / "test.yaml"
+    state = folder / "state" / "learned.json"
+    state.parent.mkdir()
+    p.write_text(TEST_POLICY + f"state_file: {json.dumps(str(state))}\nsnapshot_interval_s: 1\n")
     return p
 
 
@@ -206,6 +208,23 @@ def test_our_proposer_drafts_exactly_k_and_nothing_for_k0(monkeypatch: pytest.Mo
     prop._step.req_ids, prop._step.k_map = ["b"], {"b": 1}
     assert p.propose([[1]], [10], tokens) == [[7]]
     assert set(calls[2:]) == {("a", -1), ("c", -1), ("d", -1), ("b", 1)}
+
+
+def test_learned_state_is_snapshotted_privately(runs: dict, policy_file: Path) -> None:
+    import stat
+
+    from adaptspec.controller import Controller
+    from adaptspec.policy import load_policy
+    from adaptspec.snapshot import load
+
+    pol = load_policy(policy_file)
+    path = Path(pol.state_file or "")
+    assert path.is_file()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert list(path.parent.iterdir()) == [path]  # no temp files left behind
+    ctl = Controller(pol)
+    assert load(ctl, path) == len(pol.classes) + 1
+    assert ctl.estimator.observations()[ctl.class_index("code")] > 0
 
 
 # ------------------------------------------------------------------ the server

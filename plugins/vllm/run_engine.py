@@ -1,11 +1,11 @@
 """Run one real vLLM engine configuration over a prompt file and write what it produced.
 
-Used by the plugin tests in a subprocess per configuration: vLLM's engine core needs a
-__main__ guard, and a fresh process per engine keeps runs independent. Prometheus multiprocess
-mode (PROMETHEUS_MULTIPROC_DIR, set by the caller) carries the engine core's adaptspec_* series
-out to the test, which reads the folder after this process exits.
+Used by the plugin tests and the benchmarks, in a subprocess per configuration: vLLM's engine
+core needs a __main__ guard, and a fresh process per engine keeps runs independent.
+Prometheus multiprocess mode (PROMETHEUS_MULTIPROC_DIR, set by the caller) carries the engine
+core's adaptspec_* series out to the caller, which reads the folder after this process exits.
 
-usage: python tests/vllm_run.py CONFIG.json OUT.json
+usage: python -m adaptspec_vllm.run_engine CONFIG.json OUT.json
 CONFIG: {"model", "prompts": [[token ids]...], "classes": [...], "max_tokens", "spec": {...}|null,
          "adaptive": bool, "temperature": float, "seed": int|null, "max_num_seqs": int}
 """
@@ -24,7 +24,8 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    kw = dict(model=cfg["model"], dtype="float32", max_model_len=512,
+    kw = dict(model=cfg["model"], dtype=cfg.get("dtype", "float32"),
+              max_model_len=cfg.get("max_model_len", 512),
               max_num_seqs=cfg.get("max_num_seqs", 8), enforce_eager=True,
               disable_log_stats=False, seed=0)
     if cfg.get("spec"):
@@ -39,16 +40,19 @@ def main() -> None:
                        ignore_eos=True, extra_args={"adaptspec_class": c})
         for i, c in enumerate(cfg["classes"])
     ]
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    elapsed = time.perf_counter() - t0
+    repeat_seconds = []
+    for _ in range(cfg.get("repeats", 1)):  # same prompts again: medians, and a warm-up
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        repeat_seconds.append(time.perf_counter() - t0)
     spec = {}
     for m in llm.get_metrics():
         if m.name.startswith("vllm:spec_decode"):
             spec[m.name] = getattr(m, "values", None) or getattr(m, "value", None)
     result = {
         "tokens": [list(o.outputs[0].token_ids) for o in outs],
-        "seconds": elapsed,
+        "seconds": repeat_seconds[-1],
+        "repeat_seconds": repeat_seconds,
         "spec": spec,
     }
     with open(sys.argv[2], "w") as f:
