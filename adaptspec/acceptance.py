@@ -3,11 +3,42 @@
 Position j's acceptance is conditional: the chance that draft j is accepted given drafts 0..j-1
 were. A verification that drafted k and accepted a is a run of a successes followed, if a < k,
 by one failure at position a; positions after the failure say nothing and are not counted.
+
+Both estimators sit on the controller's per-step path, which has a budget of tens of
+microseconds for a whole batch: a numpy call costs about a microsecond whatever its size, so
+the updates are written as a few calls over the batch (table look-ups keyed by what a
+verification reported, one histogram, one small matrix product) rather than many.
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+
+
+@functools.lru_cache(maxsize=8)
+def _clip_tables(k_max: int) -> tuple[np.ndarray, np.ndarray]:
+    """Look-up tables that clip to 0..k_max by index (take(mode="clip")): d -> d * (k_max + 1)
+    and a -> a, one call each instead of a minimum and a maximum."""
+    return np.arange(k_max + 1) * (k_max + 1), np.arange(k_max + 1)
+
+
+def feedback_keys(drafted: np.ndarray, accepted: np.ndarray, k_max: int) -> np.ndarray:
+    """One integer per verification, d * (k_max + 1) + a, with d drafted and a accepted each
+    clipped to 0..k_max (bad feedback is bounded, never raises). Everything a verification
+    contributes to either estimator depends only on (d, a), so the updates are look-ups in
+    tables indexed by this key; the tables read a > d as a = d."""
+    d_tab, a_tab = _clip_tables(k_max)
+    keys = d_tab.take(drafted, mode="clip")
+    keys += a_tab.take(accepted, mode="clip")
+    return keys
+
+
+def _key_grid(k_max: int) -> tuple[np.ndarray, np.ndarray]:
+    """(d, a) of every key of feedback_keys, with a > d read as a = d."""
+    d, a = np.divmod(np.arange((k_max + 1) ** 2), k_max + 1)
+    return d, np.minimum(a, d)
 
 
 class AcceptanceEstimator:
@@ -17,17 +48,68 @@ class AcceptanceEstimator:
     controller turned its speculation off), which is what makes a switched-off class get
     re-tested once the prior says speculating could pay.
 
-    Attributes (plain arrays, shape [n_classes, k_max]): prior_a, prior_b, succ, fail.
+    Attributes (plain arrays, shape [n_classes, k_max]): prior_a, prior_b, succ, fail. They are
+    views of one array (succ | fail | prior_a | prior_b), so that a single matrix product turns
+    all of them into the posterior tables; assigning to an attribute copies into its view.
+    `active`: leading class rows in use (a controller registers classes in order); rows past it
+    are all zero and are skipped by the per-step work.
     """
 
     def __init__(self, n_classes: int, k_max: int, forgetting: float = 0.98) -> None:
-        self.k_max = max(k_max, 1)
+        kk = self.k_max = max(k_max, 1)
         self.forgetting = forgetting
-        self.prior_a = np.ones((n_classes, self.k_max))
-        self.prior_b = np.ones((n_classes, self.k_max))
-        self.succ = np.zeros((n_classes, self.k_max))
-        self.fail = np.zeros((n_classes, self.k_max))
-        self._pos = np.arange(self.k_max)
+        self.active = n_classes
+        self._ev = np.zeros((n_classes, 4 * kk))
+        self._ev[:, 2 * kk:] = 1.0  # prior_a = prior_b = 1
+        self._pos = np.arange(kk)
+        # Evidence a verification with key d * (kk + 1) + a adds: successes at positions < a,
+        # a failure at position a if a < d.
+        d, a = _key_grid(kk)
+        self._contrib = np.concatenate(
+            [self._pos < a[:, None], (self._pos == a[:, None]) & (a < d)[:, None]], axis=1
+        ).astype(float)
+        # Posterior tables as one linear map of a class's row (succ | fail | prior_a | prior_b):
+        # A = prior_a + succ and T = A + prior_b + fail per position, then sum(A) and sum(T).
+        m = np.zeros((2 * kk + 2, 4 * kk))
+        eye = np.eye(kk)
+        m[:kk, :kk] = m[:kk, 2 * kk: 3 * kk] = eye
+        m[kk: 2 * kk] = np.tile(eye, 4)
+        m[2 * kk, :kk] = m[2 * kk, 2 * kk: 3 * kk] = 1.0
+        m[2 * kk + 1] = 1.0
+        self._tables_map = m
+
+    # The four public arrays are views into _ev; assignment writes through.
+    @property
+    def succ(self) -> np.ndarray:
+        return self._ev[:, : self.k_max]
+
+    @succ.setter
+    def succ(self, value: np.ndarray) -> None:
+        self._ev[:, : self.k_max] = value
+
+    @property
+    def fail(self) -> np.ndarray:
+        return self._ev[:, self.k_max: 2 * self.k_max]
+
+    @fail.setter
+    def fail(self, value: np.ndarray) -> None:
+        self._ev[:, self.k_max: 2 * self.k_max] = value
+
+    @property
+    def prior_a(self) -> np.ndarray:
+        return self._ev[:, 2 * self.k_max: 3 * self.k_max]
+
+    @prior_a.setter
+    def prior_a(self, value: np.ndarray) -> None:
+        self._ev[:, 2 * self.k_max: 3 * self.k_max] = value
+
+    @property
+    def prior_b(self) -> np.ndarray:
+        return self._ev[:, 3 * self.k_max:]
+
+    @prior_b.setter
+    def prior_b(self, value: np.ndarray) -> None:
+        self._ev[:, 3 * self.k_max:] = value
 
     def set_prior(self, cls: int, acceptance: np.ndarray | list[float], strength: float) -> None:
         p = np.clip(np.asarray(acceptance, dtype=float)[: self.k_max], 1e-3, 1 - 1e-3)
@@ -36,29 +118,35 @@ class AcceptanceEstimator:
         self.succ[cls] = 0.0
         self.fail[cls] = 0.0
 
-    def partial_fit(self, classes: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
-        """Decay all evidence once (one engine step) and add this step's verifications."""
-        self.succ *= self.forgetting
-        self.fail *= self.forgetting
-        mask = drafted > 0
-        if not mask.any():
+    def partial_fit(self, classes: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
+                    keys: np.ndarray | None = None) -> None:
+        """Decay all evidence once (one engine step) and add this step's verifications.
+
+        `keys`: feedback_keys(drafted, accepted, k_max), where the caller has them already.
+        """
+        kk, n = self.k_max, self.active
+        evidence = self._ev[:n, : 2 * kk]
+        evidence *= self.forgetting
+        if keys is None:
+            keys = feedback_keys(drafted, accepted, kk)
+        if keys.size == 0:
             return
-        kk, n_cls = self.k_max, self.succ.shape[0]
-        d = np.minimum(drafted[mask], kk)
-        a = np.minimum(accepted[mask], d)
-        # Histogram of accepted counts per class; "position j accepted" is "a > j", a reverse
-        # cumulative sum of that histogram, so the update costs two bincounts over requests.
-        key = classes[mask] * (kk + 1) + a
-        size = n_cls * (kk + 1)
-        hist = np.bincount(key, minlength=size).reshape(n_cls, kk + 1)
-        self.succ += np.cumsum(hist[:, :0:-1], axis=1)[:, ::-1]
-        rejected = np.bincount(key, weights=a < d, minlength=size).reshape(n_cls, kk + 1)
-        self.fail += rejected[:, :kk]
+        # Histogram of (class, d, a) over the batch, then each cell's fixed contribution: one
+        # bincount and one small matrix product whatever the batch size.
+        n_keys = (kk + 1) ** 2
+        hist = np.bincount(classes * n_keys + keys, None, n * n_keys).reshape(n, n_keys)
+        evidence += np.dot(hist, self._contrib)  # np.dot: less overhead than @ here
 
     def mean(self) -> np.ndarray:
         """Posterior mean acceptance, [n_classes, k_max]."""
         a = self.prior_a + self.succ
         return a / (a + self.prior_b + self.fail)
+
+    def posterior_sums(self) -> np.ndarray:
+        """Posterior sums of the active classes, position-major for gathers over a batch:
+        rows [0, k_max) a = prior_a + succ per position, [k_max, 2 k_max) a + b, then the two
+        summed over positions (pooled acceptance = row 2 k_max / row 2 k_max + 1). One call."""
+        return np.dot(self._tables_map, self._ev[: self.active].T)
 
     def sample(self, classes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """One Thompson draw of the per-position acceptance for each given class index.
@@ -87,28 +175,58 @@ class RequestAcceptance:
 
     A request's estimate is (s + n0 * m_class) / (n + n0): with few observations it is its
     class's level, and its own rate takes over as evidence accumulates (n0 = shrinkage).
+    `s` and `n` (per slot) are the two rows of one array, so a batch's records are one gather.
     """
 
-    def __init__(self, capacity: int, forgetting: float = 0.9, shrinkage: float = 6.0) -> None:
+    def __init__(self, capacity: int, forgetting: float = 0.9, shrinkage: float = 6.0,
+                 k_max: int = 64) -> None:
         self.forgetting = forgetting
         self.shrinkage = shrinkage
-        self.s = np.zeros(capacity)
-        self.n = np.zeros(capacity)
+        self._sn = np.zeros((2, capacity))
+        # Per feedback key (d, a): the decay applied (none if nothing was drafted), and what is
+        # added to s (accepted) and to n (positions observed: accepted plus the rejected one).
+        kk = self.k_max = max(k_max, 1)
+        d, a = _key_grid(kk)
+        self._update = np.stack([np.where(d > 0, forgetting, 1.0), a, a + (a < d)]).astype(float)
+
+    @property
+    def s(self) -> np.ndarray:
+        return self._sn[0]
+
+    @s.setter
+    def s(self, value: np.ndarray) -> None:
+        self._sn[0] = value
+
+    @property
+    def n(self) -> np.ndarray:
+        return self._sn[1]
+
+    @n.setter
+    def n(self, value: np.ndarray) -> None:
+        self._sn[1] = value
 
     def reset(self, slot: int) -> None:
-        self.s[slot] = 0.0
-        self.n[slot] = 0.0
+        self._sn[:, slot] = 0.0
 
-    def partial_fit(self, slots: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
-        observed = drafted > 0
-        if not observed.any():
-            return
-        sl = slots[observed]
-        d = drafted[observed]
-        a = np.minimum(accepted[observed], d)
-        self.s[sl] = self.s[sl] * self.forgetting + a
-        # positions observed: the accepted ones plus the one rejected (if any)
-        self.n[sl] = self.n[sl] * self.forgetting + a + (a < d)
+    def partial_fit(self, slots: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
+                    keys: np.ndarray | None = None) -> np.ndarray:
+        """Add one step's verifications (drafted and accepted clipped to 0..k_max); requests
+        that drafted nothing keep their record as it was. `keys`: see AcceptanceEstimator.
+        Returns the updated records of `slots`, [2, len(slots)] (s, n), for the decision."""
+        if keys is None:
+            keys = feedback_keys(drafted, accepted, self.k_max)
+        update = self._update.take(keys, axis=1)  # decay, then what s and n gain
+        sn = self._sn.take(slots, axis=1)
+        sn *= update[0]
+        sn += update[1:]
+        # two 1-d scatters: a 2-d fancy assignment costs several times more
+        self._sn[0, slots] = sn[0]
+        self._sn[1, slots] = sn[1]
+        return sn
+
+    def records(self, slots: np.ndarray) -> np.ndarray:
+        """The records of `slots`, [2, len(slots)] (s, n)."""
+        return self._sn.take(slots, axis=1)
 
     def factor(self, slots: np.ndarray, class_level: np.ndarray) -> np.ndarray:
         """Multiplier of the class's per-position acceptance for each request."""

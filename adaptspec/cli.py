@@ -45,9 +45,11 @@ def cmd_bench_decide(args: argparse.Namespace) -> int:
     if args.preset:
         policy = policy.model_copy(update={"cost_model": CostModel(preset=args.preset)})
     rows = [time_decisions(policy, b, repeats=args.repeats) for b in args.batch]
-    print(f"{'batch':>6} {'median_us':>10} {'p99_us':>10}")
+    # wall time, then the thread's CPU time (what the controller itself costs on a busy machine)
+    print(f"{'batch':>6} {'median_us':>10} {'p99_us':>10} {'cpu_median_us':>14} {'cpu_p99_us':>11}")
     for r in rows:
-        print(f"{r['batch']:>6} {r['median_us']:>10.1f} {r['p99_us']:>10.1f}")
+        print(f"{r['batch']:>6} {r['median_us']:>10.1f} {r['p99_us']:>10.1f}"
+              f" {r['cpu_median_us']:>14.1f} {r['cpu_p99_us']:>11.1f}")
     _write_json(args.json, {"decision_time": rows, "policy": str(args.policy)})
     return 0
 
@@ -61,6 +63,12 @@ def cmd_models(args: argparse.Namespace) -> int:
         info = models.build_qwen(Path(args.out) if args.out else None)
     print(json.dumps(info, indent=2, default=str))
     return 0
+
+
+def cmd_dashboard_snapshot(args: argparse.Namespace) -> int:
+    from adaptspec.dashboard import snapshot_main
+
+    return snapshot_main(args)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -108,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--requests", type=int, default=6, help="requests per class")
     demo.add_argument("--max-tokens", type=int, default=64)
     demo.set_defaults(func=cmd_demo)
+
+    snap = sub.add_parser("dashboard-snapshot",
+                          help="render the key Grafana panels to PNG from a Prometheus")
+    from adaptspec.dashboard import add_snapshot_arguments
+
+    add_snapshot_arguments(snap)
+    snap.set_defaults(func=cmd_dashboard_snapshot)
 
     mod = sub.add_parser("models", help="build the test model pair or fetch the Qwen pair")
     mod.add_argument("which", choices=["tiny", "qwen"])

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from adaptspec.acceptance import AcceptanceEstimator, RequestAcceptance
+from adaptspec.acceptance import AcceptanceEstimator, RequestAcceptance, feedback_keys
 from adaptspec.cost import StepCostModel
 from adaptspec.policy import OTHER_CLASS, ClassPolicy, Policy
 
@@ -30,6 +30,16 @@ log = logging.getLogger(__name__)
 SPECULATE, PLAIN, LATENCY_CRITICAL, FALLBACK = "speculate", "plain", "latency_critical", "fallback"
 # Resolution of the increment values when choosing how many draft tokens the batch gets.
 _BINS = 128
+# Rows of the per-class table (Controller._cls_tab), in this order so that a request's factor
+# is two 2-row operations on its (s, n) record: 1 / level of the class's pooled acceptance, 1,
+# shrinkage n0, n0 again (rows U and V are 0 for a class that may not draft); then may draft
+# (1/0), the decision kind when not drafting (2 latency-critical, else 1), the ITL SLO in ms
+# (inf if none); then k_max rows of posterior mean acceptance per position and k_max rows of
+# posterior evidence + 1 (the spread of the Thompson draws). Rows U and MEAN are refreshed
+# every step, the evidence rows when drawing.
+_TAB_U, _TAB_ONE, _TAB_V, _TAB_N0, _TAB_OPEN, _TAB_KIND, _TAB_SLO = range(7)
+_TAB_MEAN = 7
+_NO_KEYS = np.zeros(0, dtype=np.int64)
 
 
 class Controller:
@@ -37,6 +47,13 @@ class Controller:
 
     Public attributes: policy, class_names (index -> name), estimator, requests, cost,
     errors (faults absorbed), last_predicted_ms, last_step_ms.
+
+    A step (feedback + decision) for a batch of 256 is meant to take tens of microseconds
+    (`adaptspec bench decide` measures it), and a numpy call costs one or two microseconds
+    whatever its size. So the work is a fixed, small number of calls over the whole batch: the
+    class settings a request needs are rows of one table gathered in one call, feedback
+    updates are look-ups, the per-position arrays are position-major ([k_max, batch]: work
+    along the draft runs over contiguous rows), and work a policy does not need is skipped.
     """
 
     def __init__(self, policy: Policy, *, metrics: Any = None, seed: int | None = 0) -> None:
@@ -45,6 +62,7 @@ class Controller:
         self.rng = np.random.default_rng(seed)
         self.k_max = policy.k_max
         n_cls = policy.max_classes + 1  # +1 for "other"
+        kk = max(self.k_max, 1)
         self.class_names: list[str] = []
         self._class_index: dict[str, int] = {}
         self._class_last_used = np.zeros(n_cls)
@@ -54,20 +72,29 @@ class Controller:
         self.cls_latency_critical = np.zeros(n_cls, dtype=bool)
         self.cls_slo_ms = np.full(n_cls, np.inf)
         # Per class and draft position: may the controller choose it (open) or must it (forced)?
-        self.cls_open = np.zeros((n_cls, max(self.k_max, 1)), dtype=np.int64)
-        self.cls_forced = np.zeros((n_cls, max(self.k_max, 1)), dtype=bool)
+        self.cls_open = np.zeros((n_cls, kk), dtype=np.int64)
+        self.cls_forced = np.zeros((n_cls, kk), dtype=bool)
+        # What a decision needs per request from its class, as rows of one table so that one
+        # gather serves them all (see _TAB_*).
+        self._cls_tab = np.zeros((_TAB_MEAN + 2 * kk, n_cls))
+        self._uniform = True
+        self._any_closed = False
+        self._any_latency_critical = False
+        self._any_slo = False
         self.estimator = AcceptanceEstimator(n_cls, self.k_max, policy.forgetting)
+        self.estimator.active = 0  # grows as classes are registered
         for name in policy.classes:
             self._register_class(name, policy.classes[name])
         self._other = self._register_class(OTHER_CLASS, policy.classes[policy.default_class])
 
         cap = policy.max_requests
-        self.requests = RequestAcceptance(cap, policy.request_forgetting, policy.request_shrinkage)
+        self.requests = RequestAcceptance(cap, policy.request_forgetting, policy.request_shrinkage,
+                                          k_max=self.k_max)
         self._slot_of: dict[str, int] = {}
         self._free = list(range(cap - 1, -1, -1))
         self.req_class = np.zeros(cap, dtype=np.int64)
-        self.req_prev_k = np.zeros(cap, dtype=np.int64)
-        self.req_votes = np.zeros(cap, dtype=np.int64)
+        # Hysteresis state per slot (see the tables below and _hold_increases).
+        self._hyst = np.zeros(cap, dtype=np.int64)
         self.req_last_step = np.zeros(cap)
         self.req_id_of = [""] * cap
 
@@ -76,7 +103,35 @@ class Controller:
         self.steps = 0
         self.last_predicted_ms = float("nan")
         self.last_step_ms = float("nan")
-        self._cols = np.arange(max(self.k_max, 1))[None, :]
+        # Candidate thresholds, best bin first; the first (nb + 1) selects no token.
+        self._thresholds = np.arange(_BINS + 1, 0, -1)
+        self._neg_thresholds = -self._thresholds
+        # The candidate plans, one per threshold: their value (element 0, no bin, stays 0) and
+        # their step-time features (rows 2 and 3: draft tokens, longest draft).
+        self._value = np.zeros(_BINS + 1)
+        self._plans = self.cost.plan_buffer(_BINS + 1)
+        # Hysteresis as one look-up: the next state of a request from its state and wanted K.
+        # A state is prev_k * steps + votes, votes being how many consecutive steps asked for
+        # exactly prev_k + 1 (fewer than `steps`, or the increase would have been granted).
+        # Slots store state * (kk + 1), so that adding the wanted K indexes the table.
+        steps = self._hyst_steps = policy.hysteresis_steps
+        self._hyst_width = kk + 1
+        prev, votes = np.divmod(np.arange((kk + 1) * steps), steps)
+        wanted = np.arange(kk + 1)
+        hold = (wanted - prev[:, None] == 1) & (votes[:, None] + 1 < steps)
+        nxt = np.where(hold, prev[:, None] * steps + votes[:, None] + 1, wanted * steps)
+        self._hyst_next = (nxt * (kk + 1)).ravel()
+        self._hyst_k = np.repeat(prev, kk + 1)  # K granted, by stored state
+
+    @property
+    def req_prev_k(self) -> np.ndarray:
+        """K granted per slot at its last step (kept with hysteresis only, else 0)."""
+        return self._hyst // (self._hyst_width * self._hyst_steps)
+
+    @property
+    def req_votes(self) -> np.ndarray:
+        """Consecutive steps each slot asked for one more draft than it has (hysteresis)."""
+        return self._hyst // self._hyst_width % self._hyst_steps
 
     # ------------------------------------------------------------------ classes and requests
 
@@ -84,6 +139,7 @@ class Controller:
         idx = len(self.class_names)
         self.class_names.append(name)
         self._class_index[name] = idx
+        self.estimator.active = len(self.class_names)
         self._configure_class(idx, cfg)
         return idx
 
@@ -101,6 +157,27 @@ class Controller:
         vec = p_acc if isinstance(p_acc, list) else [p_acc]
         prior = [vec[min(i, len(vec) - 1)] for i in range(self.estimator.k_max)]
         self.estimator.set_prior(idx, prior, cfg.prior_strength)
+
+        tab = self._cls_tab
+        is_open = 1.0 if k_max > 0 else 0.0
+        tab[_TAB_OPEN, idx] = is_open
+        tab[_TAB_ONE, idx] = 1.0
+        tab[_TAB_V, idx] = p.request_shrinkage * is_open
+        tab[_TAB_N0, idx] = p.request_shrinkage
+        tab[_TAB_KIND, idx] = 2.0 if cfg.latency_critical else 1.0
+        tab[_TAB_SLO, idx] = self.cls_slo_ms[idx]
+        # Position-major copies for the gathers in `decide`.
+        self._open_t = np.ascontiguousarray(self.cls_open.T)
+        self._forced_t = np.ascontiguousarray(self.cls_forced.T)
+        # The common policy: every class may draft any K up to the policy's k_max, or none.
+        # Then no position is forced, a request's open positions are all or nothing, and the
+        # decision needs no per-position masks.
+        n = len(self.class_names)
+        k_min, k_cap = self.cls_k_min[:n], self.cls_k_max[:n]
+        self._uniform = bool(((k_min == 0) & ((k_cap == 0) | (k_cap == self.k_max))).all())
+        self._any_latency_critical = bool(self.cls_latency_critical[:n].any())
+        self._any_closed = bool((k_cap == 0).any())
+        self._any_slo = bool(np.isfinite(self.cls_slo_ms[:n]).any())
 
     def class_index(self, name: str) -> int:
         """Index of a class; unknown names become dynamic classes (if the policy allows) up to
@@ -146,8 +223,7 @@ class Controller:
         self._slot_of[req_id] = slot
         self.req_id_of[slot] = req_id
         self.req_class[slot] = self.class_index(class_name)
-        self.req_prev_k[slot] = 0
-        self.req_votes[slot] = 0
+        self._hyst[slot] = 0
         self.req_last_step[slot] = self.steps + 1
         self.requests.reset(slot)
         return slot
@@ -175,8 +251,9 @@ class Controller:
         try:
             drafted = np.asarray(drafted, dtype=np.int64)
             accepted = np.asarray(accepted, dtype=np.int64)
-            self.observe(slots, drafted, accepted, step_time_s)
-            ks, kinds = self.decide(slots)
+            cls = self.req_class.take(slots)  # once for both halves
+            sn = self._observe(slots, cls, drafted, accepted, step_time_s)
+            ks, kinds = self._decide(slots, cls, sn)
         except Exception:  # never let a controller fault reach the engine
             self.errors += 1
             log.exception("adaptspec controller failed; using fallback K")
@@ -202,104 +279,195 @@ class Controller:
 
     def observe(self, slots: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
                 step_time_s: float | None) -> None:
+        self._observe(slots, self.req_class.take(slots), drafted, accepted, step_time_s)
+
+    def _observe(self, slots: np.ndarray, cls: np.ndarray, drafted: np.ndarray,
+                 accepted: np.ndarray, step_time_s: float | None) -> np.ndarray | None:
+        """Update the estimators; returns the batch's request records, which `_decide` needs."""
         self.steps += 1
         if slots.size == 0:
-            return
+            return None
         self.req_last_step[slots] = self.steps
-        cls = self.req_class[slots]
-        self._class_last_used[cls] = self.steps
-        self.estimator.partial_fit(cls, drafted, accepted)
-        self.requests.partial_fit(slots, drafted, accepted)
+        if self.policy.dynamic_classes:  # only the eviction of dynamic classes reads it
+            self._class_last_used[cls] = self.steps
+        # (ufunc reductions: ndarray.max/sum add a Python layer costing as much as the work)
+        longest = max(int(np.maximum.reduce(drafted)), 0)
+        if longest:
+            # Clip the feedback once for both estimators.
+            keys = feedback_keys(drafted, accepted, self.estimator.k_max)
+            self.estimator.partial_fit(cls, drafted, accepted, keys=keys)
+            sn = self.requests.partial_fit(slots, drafted, accepted, keys=keys)
+        else:
+            # Nothing was drafted (speculation off, as under high load): nothing to learn but
+            # the decay of the class evidence; the request records stay as they are.
+            self.estimator.partial_fit(cls, drafted, accepted, keys=_NO_KEYS)
+            sn = None
         if step_time_s is not None and step_time_s > 0:
             self.last_step_ms = step_time_s * 1e3
-            self.cost.partial_fit(
-                int(slots.size), int(drafted.sum()), int(drafted.max(initial=0)), self.last_step_ms
-            )
+            self.cost.partial_fit(int(slots.size), int(np.add.reduce(drafted)), longest,
+                                  self.last_step_ms)
+        return sn
 
     def decide(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """K per request and the kind of each decision (index into DECISIONS)."""
-        n = slots.size
-        cls = self.req_class[slots]
-        latency_critical = self.cls_latency_critical[cls]
-        kinds = np.where(latency_critical, 2, 1)
-        k_cap = self.cls_k_max[cls]
-        if n == 0 or self.k_max == 0 or not k_cap.any():
-            return np.zeros(n, dtype=np.int64), kinds
+        return self._decide(slots, self.req_class.take(slots))
 
-        p, est = self.policy, self.estimator
-        class_mean = est.mean()
-        alpha = class_mean[cls] * self.requests.factor(slots, est.pooled()[cls])[:, None]
+    def _decide(self, slots: np.ndarray, cls: np.ndarray,
+                sn: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """`decide`, given the batch's classes and (optionally) request records [2, n]."""
+        n, kk, p = slots.size, self.k_max, self.policy
+        tab = self._cls_tab
+        if n == 0 or kk == 0:
+            return np.zeros(n, dtype=np.int64), tab[_TAB_KIND].take(cls).astype(np.int64)
+
+        # Refresh the class table, then gather everything a request needs from its class.
+        post = self.estimator.posterior_sums()  # [2 kk + 2, classes]: a, a + b, their sums
+        n_cls = post.shape[1]
+        mean = tab[_TAB_MEAN: _TAB_MEAN + kk, :n_cls]
+        np.divide(post[:kk], post[kk: 2 * kk], out=mean)
+        # A request's own record scales its class's acceptance by f = own / level, with
+        # own = (s + n0 level) / (n + n0), i.e. f = (s / level + n0) / (n + n0); the table's
+        # rows make that f = (s U + V) / (n + n0), with U = V = 0 if the request may not draft.
+        level = post[2 * kk] / post[2 * kk + 1]
+        np.maximum(level, 1e-3, out=level)
+        np.divide(tab[_TAB_OPEN, :n_cls], level, out=tab[_TAB_U, :n_cls])
+        ct = tab[: _TAB_MEAN + kk].take(cls, axis=1)
+        kinds = ct[_TAB_KIND].astype(np.int64)
+        if self._any_closed and not np.maximum.reduce(ct[_TAB_OPEN]):
+            return np.zeros(n, dtype=np.int64), kinds  # no request may draft
+        if sn is None:
+            sn = self.requests.records(slots)
+        f = sn * ct[_TAB_U: _TAB_U + 2]
+        f += ct[_TAB_V: _TAB_V + 2]
+        f = f[0] / f[1]
+
+        alpha = ct[_TAB_MEAN: _TAB_MEAN + kk] * f  # [kk, n]: position j of request i
         if p.exploration > 0:
-            explore = np.flatnonzero(self.rng.random(n) < p.exploration)
+            # Thompson draws for a share of the requests (normal approximation of each Beta
+            # posterior), replacing their estimates for this step.
+            explore = (self.rng.random(n) < p.exploration).nonzero()[0]
             if explore.size:
-                alpha[explore] = est.sample(cls[explore], self.rng)
+                np.add(post[kk: 2 * kk], 1.0, out=tab[_TAB_MEAN + kk:, :n_cls])
+                draw = tab[_TAB_MEAN:].take(cls.take(explore), axis=1)
+                m = draw[:kk]
+                sd = 1.0 - m
+                sd *= m
+                sd /= draw[kk:]
+                np.sqrt(sd, out=sd)
+                sd *= self.rng.standard_normal((explore.size, kk)).T
+                sd += m
+                np.maximum(sd, 0.0, out=sd)
+                if self._any_closed:  # a request that may not draft keeps alpha 0 (see below)
+                    sd *= ct[_TAB_OPEN].take(explore)
+                alpha[:, explore] = sd
         np.minimum(alpha, 0.995, out=alpha)
-        inc = np.cumprod(alpha, axis=1)  # inc[i, j]: expected value of request i's (j+1)-th draft
-
-        k_min = self.cls_k_min[cls]
-        n_forced = int(k_min.sum())
-        forced_gain = float(inc[self.cls_forced[cls]].sum()) if n_forced else 0.0
+        # inc[j, i]: expected value of request i's (j+1)-th draft, the running product along j.
+        inc = np.multiply.accumulate(alpha, axis=0, out=alpha)
 
         # Taking the S best increments is taking every increment above a threshold. Binning the
         # scores (bin 0 = not allowed) gives, per threshold bin b, the number of tokens S(b) and
         # their value by two bincounts, instead of sorting n * k_max values. Bins are even in
         # sqrt(score): fine near 0, where a memory-bound GPU still finds tokens worth drafting.
         nb = _BINS
-        q = (np.sqrt(inc) * (nb - 1)).astype(np.int64)
-        q += 1
-        q *= self.cls_open[cls]
+        x = np.sqrt(inc)
+        x *= nb - 1
+        uniform = self._uniform
+        if uniform:
+            # Open requests are open at every position: bin floor(x) + 1; the others stay in
+            # bin 0 (their f, hence inc and x, is 0).
+            x += ct[_TAB_OPEN]
+            q = x.astype(np.int64)
+            k_min = None
+            n_forced, forced_gain = 0, 0.0
+        else:
+            q = x.astype(np.int64)
+            q += 1
+            q *= self._open_t.take(cls, axis=1)
+            k_min = self.cls_k_min.take(cls)
+            n_forced = int(k_min.sum())
+            forced_gain = (float(inc[self._forced_t.take(cls, axis=1)].sum()) if n_forced
+                           else 0.0)
+        # Plans by threshold, best bin first (plan 0: no bin, only forced drafts), written into
+        # the cost model's feature rows: tokens S, longest draft maxK.
+        plans, value = self._plans, self._value
+        spec, max_k = plans[2], plans[3]
         qf = q.ravel()
-        count = np.bincount(qf, minlength=nb + 1)[:0:-1]  # bins nb..1, best first
-        value = np.bincount(qf, weights=inc.ravel(), minlength=nb + 1)[:0:-1]
-        spec = np.concatenate(([0], np.cumsum(count))) + n_forced
-        gains = n + forced_gain + np.concatenate(([0.0], np.cumsum(value)))
+        np.add.accumulate(np.bincount(qf, None, nb + 1)[:0:-1], out=spec[1:])
+        spec[0] = 0
+        np.add.accumulate(np.bincount(qf, inc.ravel(), nb + 1)[:0:-1], out=value[1:])
+        gains = value + (n + forced_gain)
         # Column maxima fall with j (rows do), so the longest draft above a threshold is the
         # number of columns whose best bin reaches it.
-        col_best = q.max(axis=0)
-        thresholds = np.arange(nb + 1, 0, -1)  # select q >= t; the first (nb + 1) selects none
-        max_k = np.maximum(
-            np.searchsorted(-col_best, -thresholds, side="right"), int(k_min.max())
-        )
-        t_ms = self.cost.predict(n, spec, max_k)
+        col_best = np.maximum.reduce(q, axis=1)
+        thresholds = self._thresholds
+        if uniform:
+            np.subtract(kk, col_best[::-1].searchsorted(thresholds), out=max_k)
+        else:
+            spec += n_forced
+            np.maximum(np.searchsorted(-col_best, self._neg_thresholds, side="right"),
+                       int(k_min.max()), out=max_k)
+        t_ms = self.cost.plan_times(n, plans)
 
         goodput = gains / np.maximum(t_ms, 1e-9)
-        best_free = int(np.argmax(goodput))
+        best_free = int(goodput.argmax())
         limit = np.inf
-        if latency_critical.any():
+        if self._any_latency_critical and np.maximum.reduce(ct[_TAB_KIND]) > 1.5:
             limit = t_ms[0] * (1.0 + p.latency_critical_slack)
-        limit = min(limit, self.cls_slo_ms[cls].min())
-        if limit < np.inf:
-            allowed = t_ms <= limit
-            allowed[0] = True  # the forced minimum is always allowed, at its own goodput
-            goodput = np.where(allowed, goodput, -np.inf)
-        best = int(np.argmax(goodput))
-        ks = k_min + (q >= thresholds[best]).sum(axis=1)
+        if self._any_slo:
+            limit = min(limit, np.minimum.reduce(ct[_TAB_SLO]))
+        if limit == np.inf:
+            best = best_free
+        elif uniform and min(self.cost.coef.tolist()) >= 0:
+            # Plans grow with the threshold index (tokens and longest draft both rise), and
+            # with non-negative coefficients so does their time: the plans within the limit
+            # are a prefix, and plan 0 (no draft) is always allowed.
+            n_ok = max(int(t_ms.searchsorted(limit, "right")), 1)
+            best = int(goodput[:n_ok].argmax())
+        else:
+            blocked = t_ms > limit
+            blocked[0] = False  # the forced minimum is always allowed, at its own goodput
+            goodput[blocked] = -np.inf
+            best = int(goodput.argmax())
         self.last_predicted_ms = float(t_ms[best])
+        ks = self._plan(q, thresholds[best], k_min, n)
         if p.hysteresis_steps > 1:
             # Hysteresis runs on the plan the controller would want without this step's limit:
             # a latency-critical request passing through forces K down for a step, which is no
             # change of mind, and must not make every request wait again to get its K back.
-            wanted = self._hold_increases(
-                slots, k_min + (q >= thresholds[best_free]).sum(axis=1), p.hysteresis_steps)
-            self.req_prev_k[slots] = wanted
-            ks = np.minimum(ks, wanted)  # fewer drafts than the limited plan: within the limit
-        else:
-            self.req_prev_k[slots] = ks
-        kinds[ks > 0] = 0
+            wanted = ks if best_free == best else self._plan(q, thresholds[best_free], k_min, n)
+            wanted = self._hold_increases(slots, wanted)
+            if best_free == best:
+                ks = wanted  # held K never exceeds the plan
+            elif best or k_min is not None:
+                ks = np.minimum(ks, wanted)  # fewer drafts than the limited plan: within it
+        if best or k_min is not None:  # else no request drafts
+            kinds[ks > 0] = 0
         return ks, kinds
 
-    def _hold_increases(self, slots: np.ndarray, ks: np.ndarray, steps: int) -> np.ndarray:
-        """Hysteresis: K rises by one only after `steps` consecutive steps asked for more.
+    @staticmethod
+    def _plan(q: np.ndarray, threshold: int, k_min: np.ndarray | None, n: int) -> np.ndarray:
+        """K per request when every open position whose bin reaches `threshold` is drafted."""
+        if threshold > _BINS:  # no bin reaches it: only the forced positions
+            return np.zeros(n, dtype=np.int64) if k_min is None else k_min.copy()
+        # Summing bytes is cheaper than summing booleans (which numpy widens first).
+        ks = np.add.reduce((q >= threshold).view(np.uint8), axis=0, dtype=np.uint8)
+        ks = ks.astype(np.int64)
+        if k_min is not None:
+            ks += k_min
+        return ks
+
+    def _hold_increases(self, slots: np.ndarray, ks: np.ndarray) -> np.ndarray:
+        """Hysteresis: K rises by one only after `hysteresis_steps` consecutive steps asked
+        for more; returns the K granted.
 
         Decreases apply at once: over-speculating is the costly mistake, and the latency limits
         computed for this step must hold. A jump of 2 or more is a real change, not noise.
         """
-        prev = self.req_prev_k[slots]
-        up = ks > prev
-        votes = np.where(up, self.req_votes[slots] + 1, 0)
-        hold = up & (ks - prev < 2) & (votes < steps)
-        self.req_votes[slots] = np.where(hold, votes, 0)
-        return np.where(hold, prev, ks)
+        state = self._hyst.take(slots)
+        state += ks
+        state = self._hyst_next.take(state)
+        self._hyst[slots] = state
+        return self._hyst_k.take(state)
 
     def _fallback(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         try:
@@ -334,23 +502,32 @@ DECISIONS = (SPECULATE, PLAIN, LATENCY_CRITICAL, FALLBACK)
 
 
 def time_decisions(policy: Policy, batch: int, repeats: int = 2000, seed: int = 0) -> dict:
-    """Median and p99 wall time of one controller step for a batch (used by the bench CLI)."""
+    """Median and p99 time of one controller step (feedback + decision) for a batch, used by
+    `adaptspec bench decide`. Wall time (median_us, p99_us) and the thread's CPU time
+    (cpu_median_us, cpu_p99_us): on a shared machine the wall clock also counts the time other
+    processes hold the core, the CPU clock only the controller's own work."""
     rng = np.random.default_rng(seed)
     ctl = Controller(policy, seed=seed)
     names = list(policy.classes)
     slots = np.array([ctl.add_request(f"r{i}", names[i % len(names)]) for i in range(batch)])
-    times = np.empty(repeats)
+    wall = np.empty(repeats)
+    cpu = np.empty(repeats)
     ks = np.zeros(batch, dtype=np.int64)
     for i in range(repeats):
         drafted = ks
         accepted = rng.binomial(drafted, 0.7)
-        t0 = time.perf_counter()
+        c0 = time.thread_time_ns()
+        t0 = time.perf_counter_ns()
         ks = ctl.step(slots, drafted, accepted, 0.02)
-        times[i] = time.perf_counter() - t0
-    warm = times[repeats // 10:]
+        wall[i] = time.perf_counter_ns() - t0
+        cpu[i] = time.thread_time_ns() - c0
+    skip = repeats // 10  # warm-up: caches, allocator, the cost model's first refits
+    wall, cpu = wall[skip:] / 1e3, cpu[skip:] / 1e3
     return {
         "batch": batch,
-        "median_us": float(np.median(warm) * 1e6),
-        "p99_us": float(np.percentile(warm, 99) * 1e6),
+        "median_us": float(np.median(wall)),
+        "p99_us": float(np.percentile(wall, 99)),
+        "cpu_median_us": float(np.median(cpu)),
+        "cpu_p99_us": float(np.percentile(cpu, 99)),
         "errors": ctl.errors,
     }

@@ -65,6 +65,15 @@ class Metrics:
     def record_error(self) -> None:
         self.errors.inc()
 
+    def record_fallback(self, class_names: list[str]) -> None:
+        """Decisions the controller could not make (a fault outside it): one per request."""
+        counts: dict[str, int] = {}
+        for name in class_names:
+            lab = self.label(name)
+            counts[lab] = counts.get(lab, 0) + 1
+        for lab, n in counts.items():
+            self.steps.labels(lab, "fallback").inc(n)
+
     def record_step(self, ctl: Controller, slots: np.ndarray, drafted: np.ndarray,
                     accepted: np.ndarray, ks: np.ndarray, kinds: np.ndarray) -> None:
         """Aggregate per class first so the Python work is per class, not per request."""

@@ -25,8 +25,10 @@ from adaptspec.policy import Policy
 log = logging.getLogger(__name__)
 
 # Test hook for fault injection (tests/reliability): "raise_every=N" makes every Nth step raise
-# inside the controller, "delay_ms=X" makes every step take X ms longer.
+# inside the controller, "delay_ms=X" makes every step take X ms longer, "metrics_raise_every=N"
+# makes every Nth write of a step's metrics fail (a broken registry). Comma-separated.
 FAULT_ENV = "ADAPTSPEC_FAULT"
+_FAULT_KEYS = ("raise_every", "delay_ms", "metrics_raise_every")
 
 
 class AdaptiveRuntime:
@@ -43,12 +45,16 @@ class AdaptiveRuntime:
         self.model = model
         self.metrics = metrics
         self.classifier = Classifier(policy)
-        self.controller = Controller(policy, metrics=metrics, seed=seed)
+        self.errors = 0
+        self._faults = _parse_faults(os.environ.get(FAULT_ENV, ""))
+        # The controller records each step's metrics through a guard, so a failing registry is
+        # counted in adaptspec_controller_errors_total like any other fault.
+        guarded = None if metrics is None else _MetricsGuard(
+            metrics, self._count_error, int(self._faults.get("metrics_raise_every", 0)))
+        self.controller = Controller(policy, metrics=guarded, seed=seed)
         self.fallback_k = min(policy.fallback_k, self.k_cap)
         self.classes: dict[str, str] = {}
         self._k: dict[str, int] = {}
-        self.errors = 0
-        self._faults = _parse_faults(os.environ.get(FAULT_ENV, ""))
         self._last_snapshot = time.monotonic()
         if policy.state_file:
             try:
@@ -101,6 +107,7 @@ class AdaptiveRuntime:
             self._count_error()
             log.exception("adaptspec: controller step failed; using fallback K=%d", self.fallback_k)
             ks = [self._fallback_for(r) for r in req_ids]
+            self._record_fallback(req_ids)
         decided = {r: int(k) for r, k in zip(req_ids, ks, strict=True)}
         self._k.update(decided)
         return decided
@@ -115,10 +122,10 @@ class AdaptiveRuntime:
 
     def _fallback_for(self, req_id: str) -> int:
         # Latency-critical stays at 0 even in a fault: that promise does not depend on the model.
-        cls = self.classes.get(req_id)
-        if cls is not None and self.policy.classes[cls].latency_critical:
-            return 0
-        return self.fallback_k
+        # Dynamic classes (names the policy does not list) have the default class's settings.
+        p = self.policy
+        cls = p.classes.get(self.classes.get(req_id, ""), p.classes[p.default_class])
+        return 0 if cls.latency_critical else self.fallback_k
 
     # ---------------------------------------------------------------- snapshots and faults
 
@@ -138,6 +145,15 @@ class AdaptiveRuntime:
             self._count_error()
             log.warning("adaptspec: could not write state snapshot %s: %s", path, e)
             return False
+
+    def _record_fallback(self, req_ids: Sequence[str]) -> None:
+        if self.metrics is None:
+            return
+        try:
+            self.metrics.record_fallback(
+                [self.classes.get(r, self.policy.default_class) for r in req_ids])
+        except Exception:
+            log.exception("adaptspec: metrics failed")
 
     def _count_error(self) -> None:
         self.errors += 1
@@ -161,12 +177,45 @@ class AdaptiveRuntime:
         s["runtime_errors"] = self.errors
         return s
 
+    def state_sizes(self) -> dict[str, int]:
+        """How much per-request and per-class state is held (bounded by the policy's caps)."""
+        return {"requests": len(self.classes), "k_entries": len(self._k),
+                "controller_requests": self.controller.num_requests,
+                "controller_classes": len(self.controller.class_names), "errors": self.errors}
+
+
+class _MetricsGuard:
+    """The controller's view of Metrics: a failure while recording a step is logged and counted
+    (through the errors counter, which may still work) instead of reaching the controller."""
+
+    def __init__(self, metrics: Metrics, count_error: Any, raise_every: int = 0) -> None:
+        self._metrics = metrics
+        self._count_error = count_error
+        self._raise_every = raise_every
+        self._calls = 0
+
+    def record_step(self, *args: Any, **kwargs: Any) -> None:
+        self._calls += 1
+        try:
+            if self._raise_every and self._calls % self._raise_every == 0:
+                raise RuntimeError(f"{FAULT_ENV}: injected metrics fault")
+            self._metrics.record_step(*args, **kwargs)
+        except Exception:
+            self._count_error()
+            log.exception("adaptspec: recording metrics failed; serving continues")
+
+    def record_error(self) -> None:
+        self._metrics.record_error()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._metrics, name)
+
 
 def _parse_faults(spec: str) -> dict[str, float]:
     faults: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         key, _, value = part.partition("=")
-        if key in ("raise_every", "delay_ms"):
+        if key in _FAULT_KEYS:
             try:
                 faults[key] = float(value)
             except ValueError:

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from adaptspec.acceptance import AcceptanceEstimator
+from adaptspec.acceptance import AcceptanceEstimator, RequestAcceptance
 from adaptspec.controller import Controller
 from adaptspec.cost import StepCostModel
 from adaptspec.policy import ClassPolicy, CostModel, Policy
@@ -291,3 +291,93 @@ def test_per_request_evidence_shrinks_toward_class() -> None:
         ctl.observe(slots, np.array([4, 4]), np.array([0, 4]), None)
     f = ctl.requests.factor(slots, ctl.estimator.pooled()[ctl.req_class[slots]])
     assert f[0] < 0.5 < 1.0 < f[1]
+
+
+# ---------------------------------------------------------------- the vectorised step's pieces
+# The per-step path is written as few numpy calls over the batch (table look-ups, one
+# histogram); these check it against the plain per-request rules it implements.
+
+
+def test_estimator_update_matches_per_request_rule_with_bad_feedback() -> None:
+    rng = np.random.default_rng(5)
+    kk, n_cls = 4, 3
+    est = AcceptanceEstimator(n_cls, kk, forgetting=0.9)
+    succ, fail = np.zeros((n_cls, kk)), np.zeros((n_cls, kk))
+    for _ in range(20):
+        cls = rng.integers(0, n_cls, 40)
+        drafted = rng.integers(-2, kk + 3, 40)  # includes nonsense: negative, beyond k_max
+        accepted = rng.integers(-2, kk + 3, 40)
+        est.partial_fit(cls, drafted, accepted)
+        succ *= 0.9
+        fail *= 0.9
+        for c, d, a in zip(cls, drafted, accepted, strict=True):
+            d = min(max(d, 0), kk)
+            a = min(max(a, 0), d)
+            succ[c, :a] += 1
+            if a < d:
+                fail[c, a] += 1
+    np.testing.assert_allclose(est.succ, succ)
+    np.testing.assert_allclose(est.fail, fail)
+    sums = est.posterior_sums()
+    np.testing.assert_allclose((sums[:kk] / sums[kk: 2 * kk]).T, est.mean())
+    np.testing.assert_allclose(sums[2 * kk] / sums[2 * kk + 1], est.pooled())
+
+
+def test_request_records_match_per_request_rule() -> None:
+    rng = np.random.default_rng(6)
+    req = RequestAcceptance(16, forgetting=0.8, shrinkage=3.0, k_max=4)
+    s, n = np.zeros(16), np.zeros(16)
+    for _ in range(30):
+        slots = rng.permutation(16)[:10]
+        drafted, accepted = rng.integers(-1, 7, 10), rng.integers(-1, 7, 10)
+        rec = req.partial_fit(slots, drafted, accepted)
+        for slot, d, a in zip(slots, drafted, accepted, strict=True):
+            d = min(max(d, 0), 4)
+            a = min(max(a, 0), d)
+            if d > 0:  # a request that drafted nothing keeps its record
+                s[slot] = s[slot] * 0.8 + a
+                n[slot] = n[slot] * 0.8 + a + (a < d)
+        np.testing.assert_allclose(rec, np.stack([s[slots], n[slots]]))
+    np.testing.assert_allclose(req.s, s)
+    np.testing.assert_allclose(req.n, n)
+
+
+@pytest.mark.parametrize("steps", [2, 3])
+def test_hysteresis_table_matches_the_rule(steps: int) -> None:
+    ctl = Controller(policy(hysteresis_steps=steps))
+    slots = np.array([ctl.add_request(f"r{i}", "code") for i in range(6)])
+    rng = np.random.default_rng(steps)
+    prev, votes = np.zeros(6, dtype=np.int64), np.zeros(6, dtype=np.int64)
+    for _ in range(200):
+        wanted = np.clip(prev + rng.integers(-2, 3, 6), 0, 8)
+        got = ctl._hold_increases(slots, wanted)
+        up = wanted > prev  # the rule as written before it became a table
+        v = np.where(up, votes + 1, 0)
+        hold = up & (wanted - prev < 2) & (v < steps)
+        votes = np.where(hold, v, 0)
+        prev = np.where(hold, prev, wanted)
+        np.testing.assert_array_equal(got, prev)
+        np.testing.assert_array_equal(ctl.req_prev_k[slots], prev)
+        np.testing.assert_array_equal(ctl.req_votes[slots], votes)
+
+
+@pytest.mark.parametrize("preset", ["cpu", "gpu"])
+def test_plan_times_is_predict(preset: str) -> None:
+    m = StepCostModel(CostModel(preset=preset))
+    m.coef = m.coef + np.array([0.0, 0.01, 0.001, 0.3, 0.2, 0.01])  # every term non-zero
+    feats = m.plan_buffer(50)
+    rng = np.random.default_rng(0)
+    for batch in (1, 64, 300):
+        feats[2] = np.sort(rng.integers(0, 900, 50))
+        feats[3] = np.minimum(feats[2], 8)
+        np.testing.assert_allclose(m.plan_times(batch, feats),
+                                   m.predict(batch, feats[2], feats[3]), rtol=1e-12)
+
+
+def test_thompson_draws_never_make_a_request_that_may_not_draft_draft() -> None:
+    ctl = Controller(policy(exploration=0.5), seed=0)
+    slots = np.array([ctl.add_request(f"i{i}", "interactive") for i in range(32)]
+                     + [ctl.add_request(f"c{i}", "code") for i in range(32)])
+    for _ in range(20):
+        ks = ctl.step(slots, np.zeros(64), np.zeros(64), 0.01)
+        assert (ks[:32] == 0).all()

@@ -65,7 +65,10 @@ def test_runtime_faults_give_fallback_but_latency_critical_stays_plain(
     monkeypatch.setattr(rt.controller, "step_by_id", boom)
     assert rt.step(["a", "b"], [1, 0], [1, 0], 0.01) == {"a": 2, "b": 0}
     assert rt.errors == 1
-    assert "adaptspec_controller_errors_total 1.0" in metrics_text(reg)
+    text = metrics_text(reg)
+    assert "adaptspec_controller_errors_total 1.0" in text
+    assert 'adaptspec_steps_total{class="code",decision="fallback"} 1.0' in text
+    assert 'adaptspec_steps_total{class="interactive",decision="fallback"} 1.0' in text
 
 
 def test_injected_faults_every_nth_step(monkeypatch: pytest.MonkeyPatch) -> None:
