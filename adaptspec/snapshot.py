@@ -65,11 +65,14 @@ def load_state_dict(ctl: Controller, state: dict[str, Any]) -> int:
         if idx is None:
             continue
         try:
-            succ = np.asarray(rec["succ"], dtype=float)[: est.k_max]
-            fail = np.asarray(rec["fail"], dtype=float)[: est.k_max]
-        except (KeyError, TypeError, ValueError) as e:
+            succ = np.asarray(rec["succ"], dtype=float)
+            fail = np.asarray(rec["fail"], dtype=float)
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
             raise SnapshotError(f"class {name!r}: {e}") from None
-        if succ.ndim != 1 or succ.shape != fail.shape:
+        if succ.ndim != 1 or fail.ndim != 1:  # a bare number cannot be sliced below
+            raise SnapshotError(f"class {name!r}: succ/fail must be equal-length lists")
+        succ, fail = succ[: est.k_max], fail[: est.k_max]
+        if succ.shape != fail.shape:
             raise SnapshotError(f"class {name!r}: succ/fail must be equal-length lists")
         if not (np.isfinite(succ).all() and np.isfinite(fail).all()):
             raise SnapshotError(f"class {name!r}: non-finite evidence")
@@ -79,7 +82,10 @@ def load_state_dict(ctl: Controller, state: dict[str, Any]) -> int:
     coef = state.get("cost_coef_ms")
     coef_arr = None
     if coef is not None:
-        coef_arr = np.asarray(coef, dtype=float)
+        try:
+            coef_arr = np.asarray(coef, dtype=float)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise SnapshotError(f"cost_coef_ms: {e}") from None
         if coef_arr.shape != ctl.cost.coef.shape or not np.isfinite(coef_arr).all() \
                 or (coef_arr < 0).any():
             raise SnapshotError("cost_coef_ms does not fit this cost model")
@@ -118,8 +124,8 @@ def load(ctl: Controller, path: str | Path) -> int:
         return 0
     try:
         state = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SnapshotError(f"{path}: not valid JSON ({e})") from None
+    except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON, huge ints, deep nesting
+        raise SnapshotError(f"{path}: not valid JSON ({str(e)[:200]})") from None
     try:
         return load_state_dict(ctl, state)
     except SnapshotError as e:

