@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import math
 import re
+import reprlib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -118,7 +119,8 @@ class CostModel(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("preset") in COST_PRESETS:
+        preset = data.get("preset") if isinstance(data, dict) else None
+        if isinstance(preset, str) and preset in COST_PRESETS:
             merged = dict(COST_PRESETS[data["preset"]])
             merged.update(data)
             return merged
@@ -273,6 +275,10 @@ class Policy(_Strict):
 # Loading
 
 
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxlist, _SHORT_REPR.maxdict, _SHORT_REPR.maxstring = 3, 6, 6, 60
+
+
 def _format_validation_error(source: str, err: ValidationError) -> str:
     lines = [f"{source}: invalid policy ({err.error_count()} error(s))"]
     for e in err.errors():
@@ -281,7 +287,8 @@ def _format_validation_error(source: str, err: ValidationError) -> str:
         if e["type"] == "extra_forbidden":
             msg = "unknown field (check the spelling; allowed fields are listed in the README)"
         value = e.get("input")
-        shown = repr(value)
+        # reprlib bounds the work: a plain repr of a YAML alias bomb is exponential.
+        shown = _SHORT_REPR.repr(value)
         if len(shown) > 80:
             shown = shown[:77] + "..."
         lines.append(f"  {path}: {msg} (got {shown})")
@@ -322,8 +329,9 @@ def load_policy(spec: str | Path | Policy | None) -> Policy:
         module_name, attr = text.split(":")
         try:
             module = importlib.import_module(module_name)
-        except ImportError as e:
-            raise PolicyError(f"{text}: cannot import policy module {module_name!r}: {e}") from None
+        except Exception as e:  # a module that fails at import, however, is the user's error
+            raise PolicyError(f"{text}: cannot import policy module {module_name!r}: "
+                              f"{type(e).__name__}: {e}") from None
         obj = getattr(module, attr, None)
         if obj is None:
             raise PolicyError(f"{text}: module {module_name!r} has no attribute {attr!r}")

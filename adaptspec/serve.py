@@ -56,6 +56,8 @@ def check_speculative_config(text: str) -> dict:
     except json.JSONDecodeError as e:
         raise ServeError(f"--speculative-config is not valid JSON ({e.msg} at column "
                          f"{e.colno}): {text[:200]!r}") from None
+    except RecursionError:
+        raise ServeError("--speculative-config is nested too deeply to be a config") from None
     if not isinstance(cfg, dict):
         raise ServeError(f"--speculative-config must be a JSON object, got {type(cfg).__name__}")
     k = cfg.get("num_speculative_tokens")

@@ -240,9 +240,6 @@ def test_yaml_never_imports_or_executes(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert not marker.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="adaptspec/policy.py: a policy module that fails at "
-                   "import with anything but ImportError escapes load_policy as a raw exception "
-                   "(`adaptspec serve` then dies with a traceback instead of exit 2 and a message)")
 def test_policy_module_failing_at_import_is_a_clear_error(monkeypatch: pytest.MonkeyPatch,
                                                           tmp_path: Path) -> None:
     (tmp_path / "relpol_boom.py").write_text("raise RuntimeError('boom at import')\n")
@@ -253,19 +250,12 @@ def test_policy_module_failing_at_import_is_a_clear_error(monkeypatch: pytest.Mo
             load_policy(spec)
 
 
-@pytest.mark.xfail(strict=True, reason="adaptspec/policy.py: CostModel._apply_preset looks an "
-                   "unhashable preset (a list or mapping) up in COST_PRESETS; the TypeError "
-                   "escapes pydantic and load_policy instead of a PolicyError naming "
-                   "cost_model.preset")
 def test_unhashable_cost_preset_is_a_clear_error() -> None:
     path = _write("cost_model: {preset: [cpu]}\n")
     with pytest.raises(PolicyError, match="preset"):
         load_policy(path)
 
 
-@pytest.mark.xfail(strict=True, reason="adaptspec/policy.py: the validation message repr()s the "
-                   "whole bad value, and a YAML alias bomb makes that exponential (8 levels of 10 "
-                   "take minutes); it should shorten before formatting")
 def test_yaml_alias_bomb_fails_fast() -> None:
     levels = 9
     lines = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
@@ -413,9 +403,6 @@ def test_cli_end_to_end_refuses_and_accepts() -> None:
     assert good.returncode == 0 and "vllm.entrypoints.openai.api_server" in good.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="adaptspec/serve.py: deeply nested JSON makes json.loads "
-                   "raise RecursionError, which check_speculative_config does not turn into a "
-                   "ServeError (the CLI dies with a traceback)")
 def test_deeply_nested_speculative_config_is_refused_clearly() -> None:
     with pytest.raises(ServeError):
         check_speculative_config("[" * 100_000)
