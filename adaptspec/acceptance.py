@@ -13,8 +13,13 @@ verification reported, one histogram, one small matrix product) rather than many
 from __future__ import annotations
 
 import functools
+import itertools
 
 import numpy as np
+
+# Versions of estimator state, unique across estimators, so that a cache keyed on one can never
+# mistake another estimator's (or an earlier) state for the current one.
+_VERSIONS = itertools.count(1)
 
 
 @functools.lru_cache(maxsize=8)
@@ -53,6 +58,9 @@ class AcceptanceEstimator:
     all of them into the posterior tables; assigning to an attribute copies into its view.
     `active`: leading class rows in use (a controller registers classes in order); rows past it
     are all zero and are skipped by the per-step work.
+    `version`: changes whenever the posteriors may have changed, so that derived tables can be
+    kept until it does. Reading one of the four attributes counts as a change (the caller may
+    write through the view it gets); the read-only methods below do not.
     """
 
     def __init__(self, n_classes: int, k_max: int, forgetting: float = 0.98) -> None:
@@ -61,7 +69,13 @@ class AcceptanceEstimator:
         self.active = n_classes
         self._ev = np.zeros((n_classes, 4 * kk))
         self._ev[:, 2 * kk:] = 1.0  # prior_a = prior_b = 1
+        self.version = next(_VERSIONS)
+        # Whether succ and fail may hold anything but zeros. Until they do, the per-step decay
+        # is a no-op and is skipped, and the posteriors (hence `version`) stay as they are: a
+        # server that never speculates keeps its class tables from step to step.
+        self._has_evidence = False
         self._pos = np.arange(kk)
+        self._ones = np.ones(256)
         # Evidence a verification with key d * (kk + 1) + a adds: successes at positions < a,
         # a failure at position a if a < d.
         d, a = _key_grid(kk)
@@ -78,55 +92,74 @@ class AcceptanceEstimator:
         m[2 * kk + 1] = 1.0
         self._tables_map = m
 
+    def _touch(self) -> None:
+        self.version = next(_VERSIONS)
+        self._has_evidence = True
+
     # The four public arrays are views into _ev; assignment writes through.
     @property
     def succ(self) -> np.ndarray:
+        self._touch()
         return self._ev[:, : self.k_max]
 
     @succ.setter
     def succ(self, value: np.ndarray) -> None:
+        self._touch()
         self._ev[:, : self.k_max] = value
 
     @property
     def fail(self) -> np.ndarray:
+        self._touch()
         return self._ev[:, self.k_max: 2 * self.k_max]
 
     @fail.setter
     def fail(self, value: np.ndarray) -> None:
+        self._touch()
         self._ev[:, self.k_max: 2 * self.k_max] = value
 
     @property
     def prior_a(self) -> np.ndarray:
+        self._touch()
         return self._ev[:, 2 * self.k_max: 3 * self.k_max]
 
     @prior_a.setter
     def prior_a(self, value: np.ndarray) -> None:
+        self._touch()
         self._ev[:, 2 * self.k_max: 3 * self.k_max] = value
 
     @property
     def prior_b(self) -> np.ndarray:
+        self._touch()
         return self._ev[:, 3 * self.k_max:]
 
     @prior_b.setter
     def prior_b(self, value: np.ndarray) -> None:
+        self._touch()
         self._ev[:, 3 * self.k_max:] = value
 
     def set_prior(self, cls: int, acceptance: np.ndarray | list[float], strength: float) -> None:
         p = np.clip(np.asarray(acceptance, dtype=float)[: self.k_max], 1e-3, 1 - 1e-3)
-        self.prior_a[cls] = strength * p
-        self.prior_b[cls] = strength * (1.0 - p)
-        self.succ[cls] = 0.0
-        self.fail[cls] = 0.0
+        # Through _views: clearing a class's evidence adds none (see _has_evidence).
+        succ, fail, prior_a, prior_b = self._views()
+        prior_a[cls] = strength * p
+        prior_b[cls] = strength * (1.0 - p)
+        succ[cls] = 0.0
+        fail[cls] = 0.0
+        self.version = next(_VERSIONS)
 
     def partial_fit(self, classes: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
-                    keys: np.ndarray | None = None) -> None:
+                    keys: np.ndarray | None = None,
+                    class_offsets: np.ndarray | None = None) -> None:
         """Decay all evidence once (one engine step) and add this step's verifications.
 
-        `keys`: feedback_keys(drafted, accepted, k_max), where the caller has them already.
+        `keys`: feedback_keys(drafted, accepted, k_max), where the caller has them already;
+        `class_offsets`: classes * (k_max + 1) ** 2, likewise.
         """
         kk, n = self.k_max, self.active
         evidence = self._ev[:n, : 2 * kk]
-        evidence *= self.forgetting
+        if self._has_evidence and self.forgetting != 1.0:  # (zeros decay to themselves)
+            evidence *= self.forgetting
+            self.version = next(_VERSIONS)
         if keys is None:
             keys = feedback_keys(drafted, accepted, kk)
         if keys.size == 0:
@@ -134,13 +167,34 @@ class AcceptanceEstimator:
         # Histogram of (class, d, a) over the batch, then each cell's fixed contribution: one
         # bincount and one small matrix product whatever the batch size.
         n_keys = (kk + 1) ** 2
-        hist = np.bincount(classes * n_keys + keys, None, n * n_keys).reshape(n, n_keys)
+        if class_offsets is None:
+            class_offsets = classes * n_keys
+        cells = class_offsets + keys
+        if self._ones.size < cells.size:
+            self._ones = np.ones(2 * cells.size)
+        # (Counts as floats, weighted by ones: np.dot would convert integer counts first.)
+        hist = np.bincount(cells, self._ones[: cells.size], n * n_keys).reshape(n, n_keys)
         evidence += np.dot(hist, self._contrib)  # np.dot: less overhead than @ here
+        self.version = next(_VERSIONS)
+        self._has_evidence = True
+
+    def decay(self) -> None:
+        """One engine step without verifications: partial_fit with none, without its checks."""
+        if self._has_evidence and self.forgetting != 1.0:
+            evidence = self._ev[: self.active, : 2 * self.k_max]
+            evidence *= self.forgetting
+            self.version = next(_VERSIONS)
+
+    def _views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """succ, fail, prior_a, prior_b without counting as a change (for reading only)."""
+        kk, ev = self.k_max, self._ev
+        return ev[:, :kk], ev[:, kk: 2 * kk], ev[:, 2 * kk: 3 * kk], ev[:, 3 * kk:]
 
     def mean(self) -> np.ndarray:
         """Posterior mean acceptance, [n_classes, k_max]."""
-        a = self.prior_a + self.succ
-        return a / (a + self.prior_b + self.fail)
+        succ, fail, prior_a, prior_b = self._views()
+        a = prior_a + succ
+        return a / (a + prior_b + fail)
 
     def posterior_sums(self) -> np.ndarray:
         """Posterior sums of the active classes, position-major for gathers over a batch:
@@ -154,20 +208,23 @@ class AcceptanceEstimator:
         A normal approximation of the Beta posterior: a Beta draw costs ~30 us for a handful
         of requests here, the normal one ~2 us, and exploration only needs the right spread.
         """
-        a = self.prior_a[classes] + self.succ[classes]
-        total = a + self.prior_b[classes] + self.fail[classes]
+        succ, fail, prior_a, prior_b = self._views()
+        a = prior_a[classes] + succ[classes]
+        total = a + prior_b[classes] + fail[classes]
         m = a / total
         sd = np.sqrt(m * (1.0 - m) / (total + 1.0))
         return np.clip(m + sd * rng.standard_normal(m.shape), 0.0, 1.0)
 
     def pooled(self) -> np.ndarray:
         """Acceptance per class pooled over positions (the level a request is compared with)."""
-        a = (self.prior_a + self.succ).sum(axis=1)
-        return a / (a + (self.prior_b + self.fail).sum(axis=1))
+        succ, fail, prior_a, prior_b = self._views()
+        a = (prior_a + succ).sum(axis=1)
+        return a / (a + (prior_b + fail).sum(axis=1))
 
     def observations(self) -> np.ndarray:
         """Decayed count of verified positions per class (evidence beyond the prior)."""
-        return (self.succ + self.fail).sum(axis=1)
+        succ, fail, _, _ = self._views()
+        return (succ + fail).sum(axis=1)
 
 
 class RequestAcceptance:
@@ -183,6 +240,9 @@ class RequestAcceptance:
         self.forgetting = forgetting
         self.shrinkage = shrinkage
         self._sn = np.zeros((2, capacity))
+        # Changes whenever a record may have (as AcceptanceEstimator.version; reading s or n
+        # counts as a change, `records` does not).
+        self.version = next(_VERSIONS)
         # Per feedback key (d, a): the decay applied (none if nothing was drafted), and what is
         # added to s (accepted) and to n (positions observed: accepted plus the rejected one).
         kk = self.k_max = max(k_max, 1)
@@ -191,22 +251,27 @@ class RequestAcceptance:
 
     @property
     def s(self) -> np.ndarray:
+        self.version = next(_VERSIONS)
         return self._sn[0]
 
     @s.setter
     def s(self, value: np.ndarray) -> None:
+        self.version = next(_VERSIONS)
         self._sn[0] = value
 
     @property
     def n(self) -> np.ndarray:
+        self.version = next(_VERSIONS)
         return self._sn[1]
 
     @n.setter
     def n(self, value: np.ndarray) -> None:
+        self.version = next(_VERSIONS)
         self._sn[1] = value
 
     def reset(self, slot: int) -> None:
         self._sn[:, slot] = 0.0
+        self.version = next(_VERSIONS)
 
     def partial_fit(self, slots: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
                     keys: np.ndarray | None = None) -> np.ndarray:
@@ -222,6 +287,7 @@ class RequestAcceptance:
         # two 1-d scatters: a 2-d fancy assignment costs several times more
         self._sn[0, slots] = sn[0]
         self._sn[1, slots] = sn[1]
+        self.version = next(_VERSIONS)
         return sn
 
     def records(self, slots: np.ndarray) -> np.ndarray:
@@ -231,5 +297,6 @@ class RequestAcceptance:
     def factor(self, slots: np.ndarray, class_level: np.ndarray) -> np.ndarray:
         """Multiplier of the class's per-position acceptance for each request."""
         level = np.maximum(class_level, 1e-3)
-        own = (self.s[slots] + self.shrinkage * level) / (self.n[slots] + self.shrinkage)
+        s, n = self._sn
+        own = (s[slots] + self.shrinkage * level) / (n[slots] + self.shrinkage)
         return own / level

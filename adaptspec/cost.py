@@ -15,6 +15,8 @@ import numpy as np
 from adaptspec.policy import CostModel
 
 N_FEATURES = 6
+# (0-d arrays: a ufunc converts a Python scalar operand anew at every call)
+_ZERO, _ONE = np.array(0.0), np.array(1.0)
 
 
 def features(batch: np.ndarray | float, spec_tokens: np.ndarray | float,
@@ -46,17 +48,21 @@ class StepCostModel:
         self.learn = cfg.learn
         self.forgetting = cfg.forgetting
         self.prior_coef = np.asarray(cfg.coefficients(), dtype=float)
-        self.coef = self.prior_coef.copy()
+        coef = self.prior_coef.copy()
         self.refit_every = refit_every
         # With a knee at or below one token the hinge is B + S - knee for every real batch,
         # a copy of other features: leave it out so the fit is identifiable.
         self._active = np.ones(N_FEATURES, dtype=bool)
         if self.knee <= 1.0:
             self._active[5] = False
-            self.coef[5] = 0.0
+            coef[5] = 0.0
+        self.coef = coef
         self.n_updates = 0
         self._x = np.zeros((window, N_FEATURES))
         self._y = np.zeros(window)
+        # Steps measured since the last fit (B, S, maxK, ms), written into _x and _y by `fit`:
+        # a numpy row write per step would cost as much as the rest of the bookkeeping.
+        self._pending: list[tuple[int, int, int, float]] = []
         # The prior is a penalty on each coefficient's distance from the prior curve, scaled
         # so that it weighs as much as `prior_weight` steps of a typical plan would.
         # (Pseudo-observations at extreme plans would fight real data where it never reaches.)
@@ -69,10 +75,30 @@ class StepCostModel:
         x_ref[5] = max(float(x_ref[5]), 16.0)
         self._prior_prec = np.diag(cfg.prior_weight * np.maximum(x_ref / y_ref, 1e-6) ** 2)
 
+    @property
+    def coef(self) -> np.ndarray:
+        """Coefficients (ms per feature). Assign a new array to change them, never write into
+        this one: what the per-step path needs of them is derived once per assignment."""
+        return self._coef
+
+    @coef.setter
+    def coef(self, value: np.ndarray) -> None:
+        self._coef = value
+        c = value.tolist()
+        self._coef_list = c
+        self.nonnegative = min(c) >= 0
+        # Times are then at least c[0] (every feature is >= 0), so `plan_times` needs no floor
+        # before a caller divides by it.
+        self.floor_free = self.nonnegative and c[0] >= 1e-9
+        # A feature whose coefficient is 0 adds nothing to a plan's time (0 * x = 0 whatever
+        # finite x): `plan_times` does not write S > 0 or the hinge then, and callers need not
+        # write maxK (the presets' per-draft-position cost is 0).
+        self.uses_max_k, self._uses_on, self._uses_knee = c[3] != 0.0, c[4] != 0.0, c[5] != 0.0
+
     def predict(self, batch: float, spec_tokens: np.ndarray | float,
                 max_k: np.ndarray | float) -> np.ndarray:
         """Predicted step time (ms) of plans with `batch` requests, vectorised over plans."""
-        c0, c_b, c_s, c_m, c_on, c_knee = self.coef.tolist()
+        c0, c_b, c_s, c_m, c_on, c_knee = self._coef_list
         s = np.asarray(spec_tokens, dtype=float)
         t = (c0 + c_b * batch) + c_s * s + c_m * np.asarray(max_k, dtype=float)
         t += c_on * (s > 0)
@@ -89,33 +115,38 @@ class StepCostModel:
     def plan_times(self, batch: int, feats: np.ndarray) -> np.ndarray:
         """`predict` for the controller's ~130 candidate plans of one batch, in 2-4 numpy calls
         instead of 8 (each costs a microsecond or two whatever its size): `feats` is a
-        plan_buffer whose rows 2 (S) and 3 (maxK) the caller has written; this writes B, S > 0
-        and the hinge, skipping those whose coefficient is 0, and returns coef @ feats.
+        plan_buffer whose rows 2 (S, token counts) and 3 (maxK, unless `uses_max_k` is false)
+        the caller has written; this writes B, S > 0 and the hinge, skipping those whose
+        coefficient is 0, and returns coef @ feats.
         """
-        coef = self.coef
         if feats[1, 0] != batch:
             feats[1] = batch
-        if coef[4] != 0.0:
-            np.greater(feats[2], 0.0, out=feats[4])
-        if coef[5] != 0.0:
-            np.add(feats[2], batch - self.knee, out=feats[5])
+        # (positional out: a ufunc parses an out= keyword slower than the work on ~130 plans)
+        if self._uses_on:
+            np.minimum(feats[2], _ONE, feats[4])  # S > 0 for counts, without a bool cast
+        if self._uses_knee:
+            np.add(feats[2], batch - self.knee, feats[5])
             if batch < self.knee:  # else B + S - knee >= 0 already (S >= 0)
-                np.maximum(feats[5], 0.0, out=feats[5])
-        return np.dot(coef, feats)
+                np.maximum(feats[5], _ZERO, feats[5])
+        return np.dot(self._coef, feats)
 
     def partial_fit(self, batch: int, spec_tokens: int, max_k: int, step_ms: float) -> None:
         if not self.learn or not math.isfinite(step_ms) or step_ms <= 0:
             return
-        i = self.n_updates % len(self._y)
-        self._x[i] = (1.0, batch, spec_tokens, max_k, float(spec_tokens > 0),
-                      max(0.0, batch + spec_tokens - self.knee))
-        self._y[i] = step_ms
+        self._pending.append((batch, spec_tokens, max_k, step_ms))
         self.n_updates += 1
         if self.n_updates % self.refit_every == 0 or self.n_updates < self.refit_every:
             self.fit()
 
     def fit(self) -> StepCostModel:
         """Re-solve the coefficients from the window and the prior."""
+        first = self.n_updates - len(self._pending)
+        for k, (batch, spec_tokens, max_k, step_ms) in enumerate(self._pending):
+            i = (first + k) % len(self._y)
+            self._x[i] = (1.0, batch, spec_tokens, max_k, float(spec_tokens > 0),
+                          max(0.0, batch + spec_tokens - self.knee))
+            self._y[i] = step_ms
+        self._pending.clear()
         n = min(self.n_updates, len(self._y))
         if n == 0:
             return self

@@ -206,6 +206,11 @@ class Policy(_Strict):
         description="how much (relative) speculation by others may slow a step that carries a "
         "latency-critical request",
     )
+    confidence_weight: float = Field(
+        0.5, ge=0.0, le=1.0,
+        description="weight of a proposer's confidence in a draft against the controller's "
+        "acceptance estimate when it decides whether to cut that draft shorter (0 = ignore)",
+    )
     fallback_k: int = Field(0, ge=0, le=64, description="K used when the controller fails")
     max_classes: int = Field(32, ge=1, le=10_000)
     max_requests: int = Field(4096, ge=1, le=1_000_000)

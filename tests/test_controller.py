@@ -381,3 +381,87 @@ def test_thompson_draws_never_make_a_request_that_may_not_draft_draft() -> None:
     for _ in range(20):
         ks = ctl.step(slots, np.zeros(64), np.zeros(64), 0.01)
         assert (ks[:32] == 0).all()
+
+
+@pytest.mark.parametrize("slack", [0.02, 0.3])
+def test_work_kept_between_steps_decides_as_recomputing(slack: float) -> None:
+    """The class table, a batch's gathers and its increments carry over between steps while
+    what they were computed from holds: a controller made to recompute all of them at every
+    step must decide the same, to the bit, through runs of empty feedback, feedback, and an
+    outside write to the evidence (as a snapshot load does)."""
+    cost = CostModel(base_ms=10, per_request_ms=0.5, per_draft_token_ms=0.3,
+                     spec_overhead_ms=0.0, knee_tokens=0, over_knee_ms=0.0, learn=False)
+    p = policy(exploration=0.2, hysteresis_steps=2, cost_model=cost,
+               latency_critical_slack=slack)
+    kept, fresh = Controller(p, seed=3), Controller(p, seed=3)
+    names = ["code", "creative", "interactive"]
+    slots = {c: np.array([c.add_request(f"r{i}", names[i % 3]) for i in range(40)])
+             for c in (kept, fresh)}
+    rng = np.random.default_rng(0)
+    ks = np.zeros(40, dtype=np.int64)
+    total = 0
+    for step in range(160):
+        drafted = ks if step % 40 >= 20 else np.zeros(40, dtype=np.int64)
+        accepted = rng.binomial(drafted, 0.6)
+        if step == 90:
+            for c in (kept, fresh):
+                c.estimator.succ[0, :2] += 5.0
+        fresh._batch, fresh._tab_version = None, None  # nothing kept from the last step
+        ks = kept.step(slots[kept], drafted, accepted, 0.01)
+        np.testing.assert_array_equal(ks, fresh.step(slots[fresh], drafted, accepted, 0.01))
+        assert kept.last_predicted_ms == fresh.last_predicted_ms
+        total += int(ks.sum())
+    assert total > 0
+    np.testing.assert_array_equal(kept.req_prev_k, fresh.req_prev_k)
+    np.testing.assert_array_equal(kept.req_votes, fresh.req_votes)
+    np.testing.assert_array_equal(kept.req_last_step, fresh.req_last_step)
+
+
+# ------------------------------------------------------------------ confidence cuts
+
+PRICED_TOKENS = CostModel(base_ms=10, per_request_ms=0.5, per_draft_token_ms=0.8,
+                          spec_overhead_ms=0.0, knee_tokens=0, over_knee_ms=0.0, learn=False)
+
+
+def _planned(**kw: object) -> tuple[Controller, np.ndarray, np.ndarray]:
+    ctl = Controller(policy(cost_model=PRICED_TOKENS, **kw))
+    slots = np.array([ctl.add_request(f"c{i}", "code") for i in range(8)])
+    ks = ctl.step(slots, np.zeros(8), np.zeros(8), None)
+    assert 0 < ks.min() and ks.max() < 8  # the price of a token binds: a real threshold
+    return ctl, slots, ks
+
+
+def test_confident_drafts_keep_the_plan_and_doubtful_ones_are_cut() -> None:
+    ctl, slots, ks = _planned()
+    assert ctl.cut(slots, ks, np.ones(8)).tolist() == ks.tolist()
+    assert ctl.cut(slots, ks, np.full(8, 0.9)).tolist() == ks.tolist()  # as estimated
+    low = ctl.cut(slots, ks, np.full(8, 0.05))
+    assert (low < ks).all()
+    # monotone in the confidence, never above what was drafted
+    prev = np.zeros(8, dtype=np.int64)
+    for c in np.linspace(0, 1, 21):
+        got = ctl.cut(slots, ks, np.full(8, c))
+        assert (got >= prev).all() and (got <= ks).all()
+        prev = got
+    # shorter drafts than planned (a proposer that found fewer tokens) are never lengthened
+    assert ctl.cut(slots, np.ones(8, dtype=np.int64), np.ones(8)).tolist() == [1] * 8
+
+
+def test_confidence_weight_zero_or_unknown_requests_leave_drafts_alone() -> None:
+    ctl, slots, ks = _planned(confidence_weight=0.0)
+    assert ctl.cut(slots, ks, np.zeros(8)).tolist() == ks.tolist()
+    ctl, slots, ks = _planned(confidence_weight=1.0)
+    assert ctl.cut(slots, ks, np.zeros(8)).tolist() == [0] * 8
+    other = np.array([ctl.add_request("late", "code")])  # joined after the decision
+    assert ctl.cut(other, np.array([5]), np.zeros(1)).tolist() == [5]
+    assert Controller(policy()).cut(slots, ks, np.zeros(8)).tolist() == ks.tolist()
+
+
+def test_confidence_cut_keeps_forced_positions() -> None:
+    classes = {"code": ClassPolicy(prior_acceptance=0.9, prior_strength=50, k_min=2)}
+    ctl = Controller(Policy(classes=classes, default_class="code", exploration=0.0,
+                            hysteresis_steps=1, cost_model=PRICED_TOKENS, confidence_weight=1.0))
+    slots = np.array([ctl.add_request(f"c{i}", "code") for i in range(8)])
+    ks = ctl.step(slots, np.zeros(8), np.zeros(8), None)
+    assert ks.min() >= 2
+    assert ctl.cut(slots, ks, np.zeros(8)).tolist() == [2] * 8
