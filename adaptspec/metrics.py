@@ -48,6 +48,10 @@ class Metrics:
             "adaptspec_acceptance_estimate",
             "Posterior mean acceptance of the first draft position", ["class"],
             multiprocess_mode="mostrecent", **kw)
+        self.confidence_cut = Counter(
+            "adaptspec_confidence_cut_tokens",
+            "Draft tokens dropped because the proposer's confidence in them was low", ["class"],
+            **kw)
         self.errors = Counter(
             "adaptspec_controller_errors", "Controller faults absorbed (fallback K used)", **kw)
         self.step_time = Gauge(
@@ -64,6 +68,11 @@ class Metrics:
 
     def record_error(self) -> None:
         self.errors.inc()
+
+    def record_confidence_cut(self, removed: dict[str, int]) -> None:
+        """Draft tokens dropped per class name by Controller.cut."""
+        for name, n in removed.items():
+            self.confidence_cut.labels(self.label(name)).inc(n)
 
     def record_fallback(self, class_names: list[str]) -> None:
         """Decisions the controller could not make (a fault outside it): one per request."""

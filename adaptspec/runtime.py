@@ -112,6 +112,42 @@ class AdaptiveRuntime:
         self._k.update(decided)
         return decided
 
+    def cut(self, req_ids: Sequence[str], lengths: Sequence[int],
+            confidence: Sequence[float]) -> list[int]:
+        """Draft lengths after weighing each draft's own confidence (see Controller.cut).
+
+        Only ever shortens; a fault keeps the drafts as they are (the K already granted)."""
+        out = [int(x) for x in lengths]
+        if not req_ids:
+            return out
+        try:
+            slots = [self.controller.slot(r) for r in req_ids]
+            known = [i for i, s in enumerate(slots) if s is not None]
+            if known:
+                ks = self.controller.cut(
+                    np.array([slots[i] for i in known], dtype=np.int64),
+                    np.array([out[i] for i in known], dtype=np.int64),
+                    np.array([confidence[i] for i in known], dtype=np.float64))
+                for i, k in zip(known, ks.tolist(), strict=True):
+                    out[i] = max(0, min(out[i], int(k)))
+        except Exception:
+            self._count_error()
+            log.exception("adaptspec: confidence cut failed; drafts kept as planned")
+            return [int(x) for x in lengths]
+        if self.metrics is not None:
+            removed: dict[str, int] = {}
+            for r, before, after in zip(req_ids, lengths, out, strict=True):
+                if after < before:
+                    c = self.classes.get(r, self.policy.default_class)
+                    removed[c] = removed.get(c, 0) + int(before) - after
+            if removed:
+                try:
+                    self.metrics.record_confidence_cut(removed)
+                except Exception:
+                    self._count_error()
+                    log.exception("adaptspec: metrics failed")
+        return out
+
     def k_for(self, req_id: str) -> int:
         """K for a request's next step; one the controller has not seen gets the fallback."""
         k = self._k.get(req_id)

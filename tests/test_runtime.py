@@ -142,3 +142,32 @@ def test_metric_names_and_class_cardinality_cap() -> None:
                for line in text.splitlines() if 'class="' in line}
     assert len(classes) <= pol.max_classes + 1
     assert "other" in classes
+
+
+def test_runtime_cut_shortens_doubtful_drafts_counts_them_and_survives_faults() -> None:
+    priced = CostModel(base_ms=10, per_request_ms=0.5, per_draft_token_ms=0.8,
+                       spec_overhead_ms=0.0, knee_tokens=0, over_knee_ms=0.0, learn=False)
+    reg = CollectorRegistry()
+    pol = make_policy(cost_model=priced, confidence_weight=1.0)
+    rt = AdaptiveRuntime(pol, k_cap=8, metrics=Metrics(pol.max_classes, pol.k_max, reg))
+    ids = [f"r{i}" for i in range(6)]
+    for r in ids:
+        rt.admit(r, RequestInfo(extra_args={"adaptspec_class": "code"}))
+    ks = rt.step(ids, [0] * 6, [0] * 6, None)
+    planned = [ks[r] for r in ids]
+    assert min(planned) > 0
+    sure = rt.cut(ids, planned, [1.0] * 6)
+    assert sure == planned
+    assert rt.cut(ids, planned, [0.0] * 6) == [0] * 6
+    text = metrics_text(reg)
+    assert f'adaptspec_confidence_cut_tokens_total{{class="code"}} {float(sum(planned))}' in text
+    # unknown requests keep their drafts; a failing controller keeps them all
+    assert rt.cut(["nobody"], [3], [0.0]) == [3]
+
+    def boom(*_: object) -> None:
+        raise RuntimeError("cut failed")
+
+    rt.controller.cut = boom  # type: ignore[method-assign]
+    errors = rt.errors
+    assert rt.cut(ids, planned, [0.0] * 6) == planned
+    assert rt.errors == errors + 1

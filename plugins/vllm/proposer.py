@@ -9,6 +9,11 @@ input batch but no request ids and no per-request K. One wrapper around the mode
 ``propose_draft_token_ids`` (installed by the first proposer built) records the batch's request
 ids and the K map the AdaptiveScheduler attached to the step's SchedulerOutput; the proposer
 reads them to draft exactly K tokens per request and nothing at all for K = 0.
+
+Each draft's confidence (the proposer's own estimate of its per-token acceptance) rides back to
+the scheduler as an ``adaptspec_confidence`` attribute on the DraftTokenIds that
+``take_draft_token_ids`` returns: the same object in one process, pickled with its attributes
+across a multiprocess executor. The scheduler lets the controller cut a weak draft shorter.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from adaptspec_vllm.version import check_version
 
 from adaptspec import proposers as core
 
-_step = threading.local()  # req_ids and k_map of the step being drafted, per worker thread
+# req_ids, k_map and confidences of the step being drafted, per worker thread
+_step = threading.local()
+CONFIDENCE_ATTR = "adaptspec_confidence"
 
 
 def _install_runner_hook() -> None:
@@ -33,14 +40,29 @@ def _install_runner_hook() -> None:
     def propose_draft_token_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any):
         _step.req_ids = self.input_batch.req_ids
         _step.k_map = getattr(scheduler_output, "adaptspec_k", None)
+        _step.confidence = {}
         try:
             return original(self, scheduler_output, *args, **kwargs)
         finally:
+            # Kept on the runner until take_draft_token_ids hands the drafts to the scheduler.
+            self._adaptspec_confidence = _step.confidence
             _step.req_ids = None
             _step.k_map = None
+            _step.confidence = None
+
+    take = GPUModelRunner.take_draft_token_ids
+
+    def take_draft_token_ids(self: Any, *args: Any, **kwargs: Any):
+        out = take(self, *args, **kwargs)
+        conf = getattr(self, "_adaptspec_confidence", None)
+        self._adaptspec_confidence = None
+        if out is not None and conf:
+            setattr(out, CONFIDENCE_ATTR, conf)
+        return out
 
     propose_draft_token_ids._adaptspec = True  # type: ignore[attr-defined]
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids  # type: ignore[method-assign]
+    GPUModelRunner.take_draft_token_ids = take_draft_token_ids  # type: ignore[method-assign]
 
 
 class _AdaptiveProposer:
@@ -67,6 +89,7 @@ class _AdaptiveProposer:
             # The runner hook did not run (another vLLM code path): without ids there is no
             # per-request state to keep, so draft nothing rather than guess.
             return [[] for _ in sampled_token_ids]
+        confidence = getattr(_step, "confidence", None)
         drafts: list[list[int]] = []
         for i, sampled in enumerate(sampled_token_ids):
             if not sampled:  # a prefill chunk that produced no token yet
@@ -78,7 +101,10 @@ class _AdaptiveProposer:
                 drafts.append([])
                 continue
             n = int(num_tokens_no_spec[i])
-            drafts.append(self.core.propose(req_id, token_ids_cpu[i, :n], k).tokens)
+            draft = self.core.propose(req_id, token_ids_cpu[i, :n], k)
+            drafts.append(draft.tokens)
+            if confidence is not None and draft.tokens:
+                confidence[req_id] = draft.confidence
         self._forget_finished(req_ids)
         return drafts
 

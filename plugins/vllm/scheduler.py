@@ -130,6 +130,8 @@ class AdaptiveScheduler(Scheduler):
         rt = self.runtime
         if rt is None:
             return
+        confidence = getattr(draft_token_ids, "adaptspec_confidence", None) or {}
+        scored: list[Any] = []
         for req_id in draft_token_ids.req_ids:
             request = self.requests.get(req_id)
             if request is None or not request.spec_token_ids:
@@ -137,6 +139,17 @@ class AdaptiveScheduler(Scheduler):
             k = rt.k_for(req_id)
             if len(request.spec_token_ids) > k:
                 request.spec_token_ids = request.spec_token_ids[:k]
+            if k and req_id in confidence:
+                scored.append(request)
+        if scored:
+            # The proposer's confidence in this very draft may cut it shorter than the K the
+            # controller planned from class and request history (never longer).
+            cut = rt.cut([r.request_id for r in scored],
+                         [len(r.spec_token_ids) for r in scored],
+                         [confidence[r.request_id] for r in scored])
+            for request, k in zip(scored, cut, strict=True):
+                if k < len(request.spec_token_ids):
+                    request.spec_token_ids = request.spec_token_ids[:k]
 
     def shutdown(self) -> None:
         if self.runtime is not None:
