@@ -54,6 +54,12 @@ def cmd_bench_decide(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_run(args: argparse.Namespace) -> int:
+    from adaptspec.bench import run
+
+    return run(args)
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from adaptspec import models
 
@@ -97,8 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", default=None, help="write the result here")
     sim.set_defaults(func=cmd_simulate)
 
-    bench = sub.add_parser("bench", help="benchmarks")
+    bench = sub.add_parser(
+        "bench", help="benchmarks: `bench [run] [--quick]` (real vLLM servers: none vs static K "
+                      "vs adaptspec), `bench decide` (controller time per step)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    brun = bench_sub.add_parser("run", help="none vs vLLM static K vs adaptspec, real servers")
+    from adaptspec.bench import add_arguments as add_bench_arguments
+
+    add_bench_arguments(brun)
+    brun.set_defaults(func=cmd_bench_run)
     dec = bench_sub.add_parser("decide", help="controller decision time per step")
     dec.add_argument("--policy", default="policies/default.yaml")
     dec.add_argument("--preset", choices=["cpu", "gpu"], default="gpu")
@@ -138,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         from adaptspec.serve import serve
 
         return serve(argv[1:])
+    if argv[:1] == ["bench"] and argv[1:2] not in (["run"], ["decide"], ["-h"], ["--help"]):
+        argv = ["bench", "run", *argv[1:]]  # `adaptspec bench --quick` runs the benchmark
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -5,7 +5,6 @@ The quick version of every test runs by default; the long one needs ADAPTSPEC_LO
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import signal
@@ -13,7 +12,6 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import threading
 import time
 import urllib.request
 from collections import Counter
@@ -243,69 +241,8 @@ class Server:
             self._log.close()
 
 
-class StreamResult:
-    __slots__ = ("tokens", "finish_reason", "error", "chunks", "seconds", "status")
-
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.finish_reason: str | None = None
-        self.error: str | None = None
-        self.chunks = 0
-        self.seconds = 0.0
-        self.status = 0
-
-
-def stream_completion(port: int, body: dict, timeout: float = 120,
-                      first_chunk: threading.Event | None = None,
-                      stop_after_chunks: int | None = None) -> StreamResult:
-    """POST a streaming /v1/completions request; collect token ids from its SSE chunks.
-
-    `stop_after_chunks`: close the connection after that many chunks (a client that goes away).
-    """
-    res = StreamResult()
-    t0 = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        payload = json.dumps({**body, "stream": True, "return_token_ids": True}).encode()
-        conn.request("POST", "/v1/completions", body=payload,
-                     headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        res.status = resp.status
-        if resp.status != 200:
-            res.error = f"HTTP {resp.status}: {resp.read()[:500]!r}"
-            return res
-        while True:
-            line = resp.readline()
-            if not line:
-                if res.finish_reason is None:
-                    res.error = "stream ended without a finish reason"
-                break
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            msg = json.loads(data)
-            if "error" in msg:
-                res.error = f"error event: {str(msg['error'])[:500]}"
-                break
-            for ch in msg.get("choices", []):
-                res.tokens.extend(ch.get("token_ids") or [])
-                if ch.get("finish_reason"):
-                    res.finish_reason = ch["finish_reason"]
-            res.chunks += 1
-            if first_chunk is not None and res.chunks == 1:
-                first_chunk.set()
-            if stop_after_chunks is not None and res.chunks >= stop_after_chunks:
-                break
-    except (OSError, http.client.HTTPException, ValueError) as e:
-        res.error = f"{type(e).__name__}: {e}"
-    finally:
-        conn.close()
-        res.seconds = time.perf_counter() - t0
-    return res
-
+# The streaming client is adaptspec's own (the benchmark uses it too).
+from adaptspec.client import StreamResult, stream_completion  # noqa: E402,F401
 
 # ------------------------------------------------------------------------------ statistics
 

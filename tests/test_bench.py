@@ -1,0 +1,99 @@
+"""`adaptspec bench` bookkeeping without servers: per-class latency and acceptance from chunk
+timings, the greedy correctness gate, ratios, and the request stream."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from adaptspec import bench, workload
+
+
+def _cell(requests: list[dict], wall: float = 2.0) -> dict:
+    zero = {k: 0.0 for k in ("vllm:spec_decode_num_drafts_total",
+                             "vllm:spec_decode_num_draft_tokens_total",
+                             "vllm:spec_decode_num_accepted_tokens_total")}
+    return {"wall_s": wall, "errors": [], "requests": requests, "k_hist_before": {},
+            "k_hist_after": {}, "spec_before": zero, "spec_after": zero,
+            "class_before": {}, "class_after": {}}
+
+
+def _req(rid: str, cls: str, tokens: list[int], times: list[float], per_chunk: list[int],
+         temperature: float = 0.0) -> dict:
+    return {"id": rid, "cls": cls, "temperature": temperature, "tokens": tokens,
+            "chunk_times": times, "chunk_tokens": per_chunk}
+
+
+def test_summary_shares_a_chunk_gap_among_its_tokens() -> None:
+    # first token at 100 ms, then a step of 4 tokens after 40 ms and one of 1 after 10 ms
+    cell = _cell([_req("a", "code", list(range(6)), [0.1, 0.14, 0.15], [1, 4, 1])], wall=1.0)
+    s = bench.summarize_cell(cell, static_k=4)
+    row = s["classes"]["code"]
+    assert s["tok_per_s"] == pytest.approx(6.0)
+    assert row["ttft_mean_ms"] == pytest.approx(100.0)
+    assert row["itl_mean_ms"] == pytest.approx((4 * 10.0 + 10.0) / 5)
+    assert row["acceptance_length"] == pytest.approx(2.5)
+    assert row["k_distribution"] == {"4": 2.0}
+
+
+def test_adaptive_k_distribution_comes_from_histogram_deltas() -> None:
+    cell = _cell([_req("a", "code", [1, 2], [0.1, 0.2], [1, 1])])
+    cell["k_hist_before"] = {"code": {"0.5": 1.0, "1.5": 1.0, "2.5": 2.0, "+Inf": 2.0}}
+    cell["k_hist_after"] = {"code": {"0.5": 4.0, "1.5": 4.0, "2.5": 9.0, "+Inf": 9.0}}
+    cell["class_before"] = {"code": {"k_sum": 2.0, "k_count": 2.0, "drafted": 2, "accepted": 1}}
+    cell["class_after"] = {"code": {"k_sum": 12.0, "k_count": 9.0, "drafted": 12, "accepted": 9}}
+    row = bench.summarize_cell(cell, static_k=None)["classes"]["code"]
+    assert row["k_distribution"] == {"0": 3.0, "2": 4.0}
+    assert row["mean_k"] == pytest.approx(10 / 7)
+    assert row["draft_acceptance"] == pytest.approx(0.8)
+
+
+def test_greedy_gate_flags_only_greedy_differences() -> None:
+    ref = {1: _cell([_req("g", "code", [1, 2, 3], [], []),
+                     _req("s", "code", [7, 8], [], [], temperature=0.7)])}
+    same = {1: _cell([_req("g", "code", [1, 2, 3], [], []),
+                      _req("s", "code", [9, 9], [], [], temperature=0.7)])}
+    differ = {1: _cell([_req("g", "code", [1, 5, 3], [], [])])}
+    assert bench.check_greedy({"none": ref, "x": same}) == []
+    bad = bench.check_greedy({"none": ref, "x": same, "y": differ})
+    assert bad == [{"config": "y", "concurrency": 1, "id": "g", "class": "code",
+                    "first_difference": 1}]
+
+
+def test_ratios_compare_with_the_best_static_config() -> None:
+    def summ(tps: float, lc_itl: float) -> dict:
+        return {"tok_per_s": tps, "classes": {"interactive": {"itl_mean_ms": lc_itl}}}
+
+    summary = {"none": {1: summ(10, 100)}, "vllm_ngram_k2": {1: summ(12, 90)},
+               "vllm_ngram_k4": {1: summ(15, 95)}, "adaptspec_ngram": {1: summ(16.5, 101)}}
+    configs = [bench.Config("none", None), bench.Config("vllm_ngram_k2", {}),
+               bench.Config("vllm_ngram_k4", {}), bench.Config("adaptspec_ngram", {}, True)]
+    r = bench.ratios(summary, configs)["1"]
+    assert r["best_static"] == "vllm_ngram_k4"
+    a = r["adaptspec_ngram"]
+    assert a["over_best_static"] == pytest.approx(1.1)
+    assert a["over_none"] == pytest.approx(1.65)
+    assert a["latency_critical_itl_over_none"] == pytest.approx(1.01)
+    assert "adaptspec_ngram" in bench.format_table(summary, bench.ratios(summary, configs))
+
+
+def test_stream_is_seeded_covers_every_class_and_both_temperatures() -> None:
+    prompts = {c: [f"{c} {i}" for i in range(5)] for c in workload.CLASSES}
+    a = workload.make_stream(prompts, 32, seed=3, max_tokens=40, interactive_tokens=10)
+    b = workload.make_stream(prompts, 32, seed=3, max_tokens=40, interactive_tokens=10)
+    assert [r.asdict() for r in a] == [r.asdict() for r in b]
+    assert {r.cls for r in a} == set(workload.CLASSES)
+    for cls in workload.CLASSES:
+        temps = {r.temperature for r in a if r.cls == cls}
+        assert temps == {0.0, 0.7}
+    assert all(r.max_tokens == (10 if r.cls == "interactive" else 40) for r in a)
+    assert len({r.seed for r in a}) == len(a)
+    assert not math.isnan(bench._pct([3.0, 1.0, 2.0], 99))
+
+
+def test_configs_cover_none_static_and_adaptive() -> None:
+    names = [c.name for c in bench.make_configs("/draft", bench.FULL)]
+    assert names[0] == "none"
+    assert {"vllm_ngram_k2", "vllm_ngram_k4", "vllm_ngram_k8", "vllm_draft_k2",
+            "vllm_draft_k4", "adaptspec_ngram", "adaptspec_draft"} <= set(names)
