@@ -40,7 +40,7 @@ class StepCostModel:
     equals B + S - 1, from cancelling each other). The 6x6 normal equations are re-solved
     every `refit_every` steps, so the per-step cost is one row written into a ring buffer.
 
-    Attributes: coef (ms per feature), prior_coef, knee, n_updates.
+    Attributes: coef (ms per feature), prior_coef, prior_scale (see `fit`), knee, n_updates.
     """
 
     def __init__(self, cfg: CostModel, window: int = 512, refit_every: int = 8) -> None:
@@ -57,6 +57,7 @@ class StepCostModel:
             self._active[5] = False
             coef[5] = 0.0
         self.coef = coef
+        self.prior_scale = 1.0  # measured over prior step time, as of the last fit
         self.n_updates = 0
         self._x = np.zeros((window, N_FEATURES))
         self._y = np.zeros(window)
@@ -158,14 +159,20 @@ class StepCostModel:
         # The prior is worth `prior_weight` steps of relative error at its own scale. Measured
         # steps slower than the prior curve weigh less each (1 / y^2), which would make a prior
         # written for faster hardware (the GPU curve on a CPU) outweigh hundreds of steps: its
-        # precision shrinks with the measured/prior ratio so it stays worth `prior_weight`
-        # steps. (A prior for slower hardware is already weak, unscaled.)
-        ratio = np.exp((decay * np.log(y / np.maximum(x @ self.prior_coef, 1e-9))).sum()
-                       / decay.sum())
-        prior_prec = self._prior_prec / max(float(ratio), 1.0) ** 2
+        # precision shrinks with the (geometric mean) measured/prior ratio so it stays worth
+        # `prior_weight` steps. A prior for slower hardware (a bigger model; the cpu preset
+        # under a tiny one) is already weak, but what the data cannot tell, such as the cost
+        # of a draft token while nothing is drafted, would keep its absolute value and price
+        # drafting out for good: nothing would be drafted to learn better. So that prior is
+        # scaled down to the measured steps: it keeps its shape. (A prior for faster hardware
+        # is not scaled up: it underprices drafting, and the first drafted steps correct it.)
+        ratio = float(np.exp((decay * np.log(y / np.maximum(x @ self.prior_coef, 1e-9))).sum()
+                             / decay.sum()))
+        self.prior_scale = min(ratio, 1.0)
+        prior_prec = self._prior_prec / max(ratio, 1.0) ** 2
         xw_t = (x * w[:, None]).T
         xtx = prior_prec + xw_t @ x
-        xty = prior_prec @ self.prior_coef + xw_t @ y
+        xty = prior_prec @ (self.prior_scale * self.prior_coef) + xw_t @ y
         self.coef = _nonnegative_solve(xtx, xty, self._active)
         return self
 

@@ -465,3 +465,23 @@ def test_confidence_cut_keeps_forced_positions() -> None:
     ks = ctl.step(slots, np.zeros(8), np.zeros(8), None)
     assert ks.min() >= 2
     assert ctl.cut(slots, ks, np.zeros(8)).tolist() == [2] * 8
+
+
+def test_a_prior_for_a_slower_engine_is_scaled_to_the_measured_steps() -> None:
+    # The cpu preset is written for a 1.5B model (~290 ms steps, 40 ms a draft token). Under
+    # a model 50x faster, steps measured without drafts must not leave a draft token at 40 ms:
+    # then speculation would look ruinous forever and never be tried (bench --quick saw this).
+    ctl = Controller(policy(cost_model=CostModel(preset="cpu"), exploration=0.0,
+                            classes={"code": ClassPolicy(prior_acceptance=0.9)},
+                            default_class="code"))
+    slots = np.array([ctl.add_request(f"r{i}", "code") for i in range(4)])
+    zeros = np.zeros(4, dtype=np.int64)
+    ks = zeros
+    for _ in range(40):  # plain steps at 6 ms, until the controller tries drafting
+        ks = ctl.step(slots, zeros, zeros, 0.006)
+        if ks.any():
+            break
+    assert ctl.cost.prior_scale < 0.05
+    per_token = ctl.cost.predict(4, 8, 2)[()] - ctl.cost.predict(4, 0, 0)[()]
+    assert per_token < 6.0  # the preset's shape (8 tokens ~ 0.8 of a step at B=4), not 320 ms
+    assert ks.min() > 0, ks
