@@ -98,9 +98,18 @@ class AdaptiveScheduler(Scheduler):
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         out = super().schedule(*args, **kwargs)
-        if self.runtime is not None:
+        rt = self.runtime
+        if rt is not None:
             # Read by the proposer wrapper on the worker (same process, or pickled with it).
-            out.adaptspec_k = self.runtime.k_map()
+            out.adaptspec_k = rt.k_map()
+            # vLLM's own proposers (ngram, draft_model, eagle) draft num_spec_tokens_to_schedule
+            # tokens for the whole batch (the field vLLM's batch-size schedule sets): no more
+            # than the longest K of a scheduled request, so a batch the controller keeps plain
+            # pays for no draft passes (a draft model still runs its first pass, which keeps
+            # its KV cache in step; vLLM's Dynamic SD relies on the same).
+            top = max(map(rt.k_for, out.num_scheduled_tokens), default=0)
+            if top < out.num_spec_tokens_to_schedule:
+                out.num_spec_tokens_to_schedule = top
             self._step_start = time.perf_counter()
         return out
 
