@@ -38,6 +38,7 @@ from typing import Any
 from adaptspec import workload
 from adaptspec.client import StreamResult, stream_completion
 from adaptspec.demo import parse_metrics
+from adaptspec.policy import load_policy
 
 SCHEDULER = "adaptspec_vllm.scheduler.AdaptiveScheduler"
 OURS_NGRAM = "adaptspec_vllm.proposer.NgramProposer"
@@ -305,6 +306,9 @@ def summarize_cell(cell: dict[str, Any], static_k: int | None) -> dict[str, Any]
     """Throughput, and per class TTFT, ITL, acceptance length and K distribution."""
     per: dict[str, dict[str, list[float]]] = {}
     total_tokens = 0
+    decode_s = 0.0  # time requests spent decoding (first chunk to last), summed
+    decode_tokens = 0  # tokens after each request's first chunk
+    gaps_ms: list[float] = []
     for r in cell["requests"]:
         total_tokens += len(r["tokens"])
         d = per.setdefault(r["cls"], {"ttft": [], "itl": [], "step_tokens": [], "tokens": []})
@@ -313,8 +317,11 @@ def summarize_cell(cell: dict[str, Any], static_k: int | None) -> dict[str, Any]
             continue
         d["ttft"].append(times[0] * 1e3)
         d["tokens"].append(len(r["tokens"]))
+        decode_s += times[-1] - times[0]
         for i in range(1, len(times)):
             gap = (times[i] - times[i - 1]) * 1e3
+            gaps_ms.append(gap)
+            decode_tokens += toks[i]
             d["itl"].extend([gap / toks[i]] * toks[i])
             d["step_tokens"].append(toks[i])
     classes: dict[str, Any] = {}
@@ -353,12 +360,23 @@ def summarize_cell(cell: dict[str, Any], static_k: int | None) -> dict[str, Any]
     drafts = sa["vllm:spec_decode_num_drafts_total"] - sb["vllm:spec_decode_num_drafts_total"]
     acc = (sa["vllm:spec_decode_num_accepted_tokens_total"]
            - sb["vllm:spec_decode_num_accepted_tokens_total"])
+    draft_tokens = (sa["vllm:spec_decode_num_draft_tokens_total"]
+                    - sb["vllm:spec_decode_num_draft_tokens_total"])
     return {
         "tok_per_s": total_tokens / cell["wall_s"],
         "output_tokens": total_tokens,
         "wall_s": cell["wall_s"],
         "errors": cell["errors"],
         "vllm_mean_acceptance_length": 1 + acc / drafts if drafts else 1.0,
+        # What adaptspec.calibrate fits the step-time model to: a request-step is one decode
+        # chunk of one request (the engine steps it ran in); its gap is the step's time.
+        "request_steps": len(gaps_ms),
+        "decode_tokens": decode_tokens,
+        "step_ms_mean": statistics.fmean(gaps_ms) if gaps_ms else float("nan"),
+        "mean_batch": decode_s / cell["wall_s"],
+        "vllm_drafts": drafts,
+        "vllm_draft_tokens": draft_tokens,
+        "vllm_accepted_tokens": acc,
         "classes": classes,
     }
 
@@ -577,13 +595,16 @@ def run(args: argparse.Namespace) -> int:
         try:
             starts[cfg.name] = server.wait_ready()
             run_cell(server, warmup, rendered, 2, f"{cfg.name} warm-up")
-            sampler = Sampler(server) if cfg.adaptive else None
+            # Every server is scraped alike (the scrape costs the API server some CPU); only
+            # the adaptspec ones have adaptspec_* series to plot.
+            sampler = Sampler(server)
             cells[cfg.name] = {}
             for c in sizes.concurrency:
                 cells[cfg.name][c] = run_cell(server, streams[c], rendered, c,
                                               f"{cfg.name} c={c}")
-            if sampler is not None:
-                timeline[cfg.name] = sampler.stop()
+            samples = sampler.stop()
+            if cfg.adaptive:
+                timeline[cfg.name] = samples
         finally:
             server.stop()
     summary = {
@@ -615,6 +636,15 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(summary, rat))
     print()
     print(per_class_table(summary, max(sizes.concurrency)))
+    try:  # the simulator, fitted to what was just measured (adaptspec.calibrate)
+        from adaptspec.calibrate import calibrate, format_report
+
+        result["calibration"] = calibrate(result, load_policy(args.policy), seed=args.seed)
+        print()
+        print(format_report(result["calibration"]))
+    except Exception as e:  # a benchmark's measurements outlive a failed fit
+        print(f"calibration failed: {e!r}", file=sys.stderr)
+        result["calibration"] = {"error": repr(e)}
     result["plots"] = plot(result, out_dir)
     path = out_dir / "bench.json"
     path.write_text(json.dumps(result, indent=1, default=float))

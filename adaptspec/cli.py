@@ -44,11 +44,17 @@ def cmd_bench_decide(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
     if args.preset:
         policy = policy.model_copy(update={"cost_model": CostModel(preset=args.preset)})
-    rows = [time_decisions(policy, b, repeats=args.repeats) for b in args.batch]
+    # Two batches per size: the policy's classes in turn (latency-critical ones too, which hold
+    # a batch at K = 0 where the cost model says speculating slows them), and only the classes
+    # that may speculate, so that feedback and decisions do their full work every step.
+    rows = [time_decisions(policy, b, repeats=args.repeats, speculating=spec)
+            for spec in (False, True) for b in args.batch]
     # wall time, then the thread's CPU time (what the controller itself costs on a busy machine)
-    print(f"{'batch':>6} {'median_us':>10} {'p99_us':>10} {'cpu_median_us':>14} {'cpu_p99_us':>11}")
+    print(f"{'batch':>6} {'classes':>12} {'mean K':>7} {'median_us':>10} {'p99_us':>10}"
+          f" {'cpu_median_us':>14} {'cpu_p99_us':>11}")
     for r in rows:
-        print(f"{r['batch']:>6} {r['median_us']:>10.1f} {r['p99_us']:>10.1f}"
+        print(f"{r['batch']:>6} {'speculating' if r['speculating'] else 'all':>12}"
+              f" {r['mean_k']:>7.2f} {r['median_us']:>10.1f} {r['p99_us']:>10.1f}"
               f" {r['cpu_median_us']:>14.1f} {r['cpu_p99_us']:>11.1f}")
     _write_json(args.json, {"decision_time": rows, "policy": str(args.policy)})
     return 0
@@ -58,6 +64,12 @@ def cmd_bench_run(args: argparse.Namespace) -> int:
     from adaptspec.bench import run
 
     return run(args)
+
+
+def cmd_bench_calibrate(args: argparse.Namespace) -> int:
+    from adaptspec.calibrate import main as calibrate_main
+
+    return calibrate_main(args)
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -119,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--repeats", type=int, default=5000)
     dec.add_argument("--json", default=None)
     dec.set_defaults(func=cmd_bench_decide)
+    cal = bench_sub.add_parser(
+        "calibrate", help="fit the simulator's cpu step-time preset to a bench.json and check "
+                          "its predicted ratios against the measured ones")
+    from adaptspec.calibrate import add_arguments as add_calibrate_arguments
+
+    add_calibrate_arguments(cal)
+    cal.set_defaults(func=cmd_bench_calibrate)
 
     sub.add_parser("serve", help="vLLM's OpenAI server with adaptspec on (see `serve -h`)")
 
@@ -151,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         from adaptspec.serve import serve
 
         return serve(argv[1:])
-    if argv[:1] == ["bench"] and argv[1:2] not in (["run"], ["decide"], ["-h"], ["--help"]):
+    if argv[:1] == ["bench"] and argv[1:2] not in (["run"], ["decide"], ["calibrate"], ["-h"],
+                                                  ["--help"]):
         argv = ["bench", "run", *argv[1:]]  # `adaptspec bench --quick` runs the benchmark
     args = build_parser().parse_args(argv)
     try:

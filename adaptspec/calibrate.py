@@ -1,0 +1,367 @@
+"""Fit the simulator's step-time preset to `adaptspec bench` measurements, and check it.
+
+The benchmark measured, per configuration and concurrency, the mean time between two outputs of
+a request (one engine step), how many requests were decoding at once, how many draft tokens vLLM
+verified and how many tokens each request-step delivered. Two checks follow:
+
+1. Step time. The cost formula of :class:`adaptspec.policy.CostModel` (base + per request + per
+   draft token + a fixed cost when anything is drafted; + per draft position for a draft model,
+   which runs one forward pass per position) is fitted by non-negative least squares in relative
+   error to the cells WITHOUT adaptspec (none and static K). With each cell's measured tokens
+   per request-step, it predicts every cell's throughput; the adaptspec cells are predictions
+   out of sample. Reported: predicted over measured ratio to no speculation, per cell.
+2. Simulation. Each class's acceptance is fitted per proposer family from the static run with
+   the largest K (the per-position rate alpha whose expected tokens per step,
+   (1 - alpha^(K+1)) / (1 - alpha), is the measured one). The simulator then serves the
+   benchmark's class mix with the fitted step time and predicts every static K and adaptspec's
+   ratio to no speculation at each concurrency; it is compared with the measurement. Only the
+   largest-K static run of each family fed the acceptance fit, so the other static Ks and
+   adaptspec are predictions.
+
+Then the same class mix and acceptance are simulated on the "gpu" preset (an 8B model on one
+H100, adaptspec/policy.py), for the ratios a GPU deployment could expect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from adaptspec import simulator as sim
+from adaptspec.policy import CostModel, Policy, load_policy
+
+# How far a prediction may be from the measurement (issue: within 15%).
+TOLERANCE = 0.15
+# Requests per simulated concurrency (times the concurrency, at least MIN_SIM_REQUESTS).
+SIM_REQUESTS_PER_SLOT, MIN_SIM_REQUESTS = 12, 96
+GPU_LOADS = (1, 4, 16, 64, 256)
+# Coefficients the fit sets, in the order of _features' columns; the rest of the cpu preset
+# (knee 1: no hinge) is kept.
+FITTED = ("base_ms", "per_request_ms", "per_draft_token_ms", "spec_overhead_ms",
+          "per_draft_position_ms")
+
+
+def _family(cfg: dict[str, Any]) -> str:
+    spec = cfg.get("spec")
+    if spec is None:
+        return "none"
+    return {"draft_model": "draft_model", "ngram": "ngram"}.get(spec["method"], "ours")
+
+
+def _expected_max(dist: dict[str, float], batch: float) -> float:
+    """E[max K] over `batch` requests drawing K from a chosen-K histogram {k: count}:
+    the sum over k >= 1 of P(max >= k) = 1 - P(K <= k - 1) ** batch."""
+    counts: dict[int, float] = {}
+    for k, c in dist.items():
+        counts[int(k.lstrip(">"))] = counts.get(int(k.lstrip(">")), 0.0) + c
+    total = sum(counts.values())
+    if total <= 0:
+        return 0.0
+    out, below = 0.0, 0.0
+    for k in range(1, max(counts) + 1):
+        below += counts.get(k - 1, 0.0) / total
+        out += 1.0 - min(below, 1.0) ** max(batch, 1.0)
+    return out
+
+
+def observations(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (configuration, concurrency) of a bench.json: what the fit needs."""
+    rows = []
+    for cfg in result["configs"]:
+        fam = _family(cfg)
+        static_k = None if cfg["adaptive"] or cfg["spec"] is None else (
+            cfg["spec"]["num_speculative_tokens"])
+        for c, s in result["summary"][cfg["name"]].items():
+            if not s.get("request_steps"):
+                continue
+            batch = max(float(s["mean_batch"]), 1.0)
+            steps = s["request_steps"] / batch  # engine steps
+            spec = s["vllm_draft_tokens"] / steps if steps else 0.0
+            if static_k is not None:
+                max_k = float(static_k)
+            elif cfg["adaptive"]:
+                dist: dict[str, float] = {}
+                for row in s["classes"].values():
+                    for k, n in row.get("k_distribution", {}).items():
+                        dist[k] = dist.get(k, 0.0) + n
+                max_k = _expected_max(dist, batch)
+            else:
+                max_k = 0.0
+            rows.append({
+                "config": cfg["name"], "family": fam, "adaptive": bool(cfg["adaptive"]),
+                "static_k": static_k, "concurrency": int(c), "batch": batch,
+                "step_ms": float(s["step_ms_mean"]), "spec_tokens": spec, "max_k": max_k,
+                "tokens_per_request_step": s["decode_tokens"] / s["request_steps"],
+                "tok_per_s": float(s["tok_per_s"]),
+            })
+    return rows
+
+
+def _features(rows: list[dict[str, Any]]) -> np.ndarray:
+    """[n, 5]: 1, B, S, S > 0, maxK for a draft model (it runs maxK passes), in FITTED order."""
+    return np.array([[1.0, r["batch"], r["spec_tokens"], float(r["spec_tokens"] > 0),
+                      r["max_k"] if r["family"] == "draft_model" else 0.0] for r in rows])
+
+
+def fit_cost(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Non-negative least squares in relative error on the cells without adaptspec."""
+    from sklearn.linear_model import LinearRegression
+
+    train = [r for r in rows if not r["adaptive"]]
+    if len(train) < 2:
+        raise ValueError("calibration needs at least two measured cells without adaptspec")
+    x = _features(train)
+    y = np.array([r["step_ms"] for r in train])
+    w = 1.0 / y  # relative error: divide each row by its own time
+    reg = LinearRegression(fit_intercept=False, positive=True).fit(x * w[:, None], y * w)
+    coef = reg.coef_
+    return {k: float(v) for k, v in zip(FITTED, coef, strict=True)}
+
+
+def predict_step_ms(cost: dict[str, float], rows: list[dict[str, Any]]) -> np.ndarray:
+    return _features(rows) @ np.array([cost[k] for k in FITTED])
+
+
+def step_time_check(rows: list[dict[str, Any]], cost: dict[str, float]) -> list[dict[str, Any]]:
+    """Per cell: predicted and measured throughput ratio to no speculation."""
+    pred_ms = predict_step_ms(cost, rows)
+    pred_tps = {}
+    for r, t in zip(rows, pred_ms, strict=True):
+        pred_tps[(r["config"], r["concurrency"])] = r["batch"] * r["tokens_per_request_step"] / t
+    out = []
+    for r, t in zip(rows, pred_ms, strict=True):
+        key0 = ("none", r["concurrency"])
+        none = next((x for x in rows if (x["config"], x["concurrency"]) == key0), None)
+        if none is None or r["config"] == "none":
+            continue
+        measured = r["tok_per_s"] / none["tok_per_s"]
+        predicted = pred_tps[(r["config"], r["concurrency"])] / pred_tps[key0]
+        out.append({"config": r["config"], "concurrency": r["concurrency"],
+                    "in_fit": not r["adaptive"], "step_ms": round(r["step_ms"], 3),
+                    "predicted_step_ms": round(float(t), 3),
+                    "measured_over_none": round(measured, 4),
+                    "predicted_over_none": round(float(predicted), 4),
+                    "error": round(float(predicted / measured - 1.0), 4)})
+    return out
+
+
+# ------------------------------------------------------------------------------ simulation
+
+
+def alpha_from_length(length: float, k: int) -> float:
+    """alpha with (1 - alpha^(k+1)) / (1 - alpha) = length (tokens per step with k drafts)."""
+    if k <= 0 or not math.isfinite(length):
+        return 0.0
+    length = min(max(length, 1.0), k + 1.0 - 1e-6)
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(mid ** i for i in range(k + 1)) < length:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def class_acceptance(result: dict[str, Any], family: str) -> tuple[dict[str, float], str] | None:
+    """Per-class alpha of a proposer family, from its static run with the largest K (tokens per
+    step per class, pooled over concurrencies by request count)."""
+    statics = [c for c in result["configs"]
+               if _family(c) == family and not c["adaptive"] and c["spec"] is not None]
+    if not statics:
+        return None
+    cfg = max(statics, key=lambda c: c["spec"]["num_speculative_tokens"])
+    k = cfg["spec"]["num_speculative_tokens"]
+    num: dict[str, float] = {}
+    den: dict[str, float] = {}
+    for s in result["summary"][cfg["name"]].values():
+        for cls, row in s["classes"].items():
+            if math.isfinite(row.get("acceptance_length", float("nan"))):
+                num[cls] = num.get(cls, 0.0) + row["acceptance_length"] * row["requests"]
+                den[cls] = den.get(cls, 0.0) + row["requests"]
+    return {cls: alpha_from_length(num[cls] / den[cls], k) for cls in num}, cfg["name"]
+
+
+def _class_mix(result: dict[str, Any]) -> dict[str, float]:
+    counts: dict[str, float] = {}
+    for s in result["summary"]["none"].values():
+        for cls, row in s["classes"].items():
+            counts[cls] = counts.get(cls, 0.0) + row["requests"]
+    total = sum(counts.values())
+    return {cls: n / total for cls, n in sorted(counts.items())}
+
+
+def simulate_family(result: dict[str, Any], alphas: dict[str, float],
+                    cost: CostModel, policy: Policy, loads: list[int], ks: list[int],
+                    seed: int = 0) -> dict[str, dict[int, float]]:
+    """Tokens/s of none, static K (every class, latency-critical too, as vLLM does) and the
+    adaptspec controller on the benchmark's class mix, per load."""
+    mix = _class_mix(result)
+    names = list(mix)
+    sizes = result["sizes"]
+    lc = [n for n in names if n in policy.classes and policy.classes[n].latency_critical]
+    out: dict[str, dict[int, float]] = {}
+    width = max([*ks, policy.k_max, 1])
+    for conc in loads:
+        rng = np.random.default_rng([seed, conc])
+        n = max(MIN_SIM_REQUESTS, SIM_REQUESTS_PER_SLOT * conc)
+        share = np.array([mix[c] for c in names])
+        cls = rng.permutation(np.minimum(
+            np.searchsorted(np.cumsum(share), (np.arange(n) + rng.random()) / n, side="right"),
+            len(names) - 1))
+        length = np.array([sizes["interactive_tokens"] if names[c] in lc else sizes["max_tokens"]
+                           for c in cls], dtype=np.int64)
+        alpha = np.array([alphas.get(names[c], 0.0) for c in cls])[:, None] * np.ones(width)
+        coins = rng.random((n, int(length.max()) + width), dtype=np.float32)
+        stream = sim.Stream(names, cls, length, alpha, coins)
+        noise = rng.lognormal(-sim.STEP_NOISE ** 2 / 2, sim.STEP_NOISE, 4096)
+        n_done = n - conc
+        # vLLM's static K drafts for every request, latency-critical ones too.
+        no_lc = np.zeros(len(names), dtype=bool)
+        choosers: dict[str, sim.Chooser] = {
+            "none": sim.FixedK(stream, np.zeros(len(names)), no_lc, cost, conc)}
+        for k in ks:
+            choosers[f"static_{k}"] = sim.FixedK(stream, np.full(len(names), k), no_lc, cost,
+                                                 conc)
+        choosers["adaptive"] = sim.Adaptive(policy, stream, conc, seed)
+        for name, chooser in choosers.items():
+            run = sim.simulate(stream, conc, n_done, cost, noise, chooser)
+            out.setdefault(name, {})[conc] = run.tokens_per_s
+    return out
+
+
+def _static_name(result: dict[str, Any], family: str, k: int) -> str | None:
+    for c in result["configs"]:
+        if (_family(c) == family and not c["adaptive"] and c["spec"] is not None
+                and c["spec"]["num_speculative_tokens"] == k):
+            return c["name"]
+    return None
+
+
+def _adaptive_name(result: dict[str, Any], family: str) -> str | None:
+    return next((c["name"] for c in result["configs"]
+                 if c["adaptive"] and _family(c) == family), None)
+
+
+def calibrate(result: dict[str, Any], policy: Policy | None = None, seed: int = 0
+              ) -> dict[str, Any]:
+    """Both checks and the gpu-preset report for one bench.json (see the module docstring)."""
+    # (keys of the summary are concurrencies: ints in memory, strings once read from JSON)
+    result = {**result, "summary": {name: {str(c): s for c, s in by_c.items()}
+                                    for name, by_c in result["summary"].items()}}
+    if policy is None:
+        policy = load_policy(result.get("policy") or None)
+    rows = observations(result)
+    fitted = fit_cost(rows)
+    cpu = CostModel(preset="cpu", **fitted)
+    step_cells = step_time_check(rows, fitted)
+    loads = sorted({r["concurrency"] for r in rows})
+    sim_cells, families = [], {}
+    gpu: dict[str, Any] = {}
+    gpu_cost = CostModel(preset="gpu")
+    for family in ("draft_model", "ngram"):
+        fit = class_acceptance(result, family)
+        if fit is None:
+            continue
+        alphas, source = fit
+        ks = sorted(c["spec"]["num_speculative_tokens"] for c in result["configs"]
+                    if _family(c) == family and not c["adaptive"] and c["spec"] is not None)
+        # A draft model runs a pass per draft position: its own cost is per position.
+        fam_cost = cpu if family == "draft_model" else cpu.model_copy(
+            update={"per_draft_position_ms": 0.0})
+        tps = simulate_family(result, alphas, fam_cost, policy, loads, ks, seed)
+        families[family] = {"alpha": {c: round(a, 4) for c, a in alphas.items()},
+                            "alpha_from": source}
+        for conc in loads:
+            none_meas = result["summary"]["none"][str(conc)]["tok_per_s"]
+            for sim_name, real in ([(f"static_{k}", _static_name(result, family, k)) for k in ks]
+                                   + [("adaptive", _adaptive_name(result, family))]):
+                if real is None:
+                    continue
+                measured = result["summary"][real][str(conc)]["tok_per_s"] / none_meas
+                predicted = tps[sim_name][conc] / tps["none"][conc]
+                sim_cells.append({"config": real, "concurrency": conc,
+                                  "in_fit": real == source,
+                                  "measured_over_none": round(measured, 4),
+                                  "predicted_over_none": round(predicted, 4),
+                                  "error": round(predicted / measured - 1.0, 4)})
+        # A GPU deployment sets its cost prior to its hardware (cost_model.preset: gpu).
+        g = simulate_family(result, alphas, gpu_cost,
+                            sim.controller_policy(policy, "gpu", "engine"), list(GPU_LOADS),
+                            ks, seed)
+        gpu[family] = {
+            "tokens_per_s": {name: {str(n): round(v, 2) for n, v in by.items()}
+                             for name, by in g.items()},
+            "adaptive_over_none": {str(n): round(g["adaptive"][n] / g["none"][n], 4)
+                                   for n in GPU_LOADS},
+            "adaptive_over_best_static": {
+                str(n): round(g["adaptive"][n] / max(g[f"static_{k}"][n] for k in ks), 4)
+                for n in GPU_LOADS},
+        }
+
+    def worst(cells: list[dict[str, Any]], out_of_fit: bool) -> float | None:
+        errs = [abs(c["error"]) for c in cells if not (out_of_fit and c["in_fit"])]
+        return round(max(errs), 4) if errs else None
+
+    return {
+        "cost_model_cpu": {k: round(v, 4) for k, v in fitted.items()},
+        "step_time_check": step_cells,
+        "step_time_worst_error": worst(step_cells, False),
+        "acceptance": families,
+        "simulator_check": sim_cells,
+        "simulator_worst_error": worst(sim_cells, False),
+        "tolerance": TOLERANCE,
+        "within_tolerance": {
+            "step_time": (worst(step_cells, False) or 0.0) <= TOLERANCE,
+            "simulator": (worst(sim_cells, False) or 0.0) <= TOLERANCE,
+        },
+        "gpu_preset": gpu,
+    }
+
+
+def format_report(cal: dict[str, Any]) -> str:
+    lines = ["calibrated cpu step time (ms): " + ", ".join(
+        f"{k} {v:.2f}" for k, v in cal["cost_model_cpu"].items())]
+    for title, key in (("step-time model (measured acceptance)", "step_time_check"),
+                       ("simulator (fitted acceptance)", "simulator_check")):
+        lines.append(f"{title}: ratio to no speculation, predicted vs measured")
+        lines.append(f"  {'config':<18}{'c':>4}{'measured':>10}{'predicted':>11}{'error':>8}")
+        for c in cal[key]:
+            mark = "" if not c["in_fit"] else "  (fitted)"
+            lines.append(f"  {c['config']:<18}{c['concurrency']:>4}"
+                         f"{c['measured_over_none']:>10.2f}{c['predicted_over_none']:>11.2f}"
+                         f"{c['error']:>+8.1%}{mark}")
+    lines.append(f"worst error: step time {cal['step_time_worst_error']}, simulator "
+                 f"{cal['simulator_worst_error']} (tolerance {cal['tolerance']:.0%})")
+    for fam, g in cal["gpu_preset"].items():
+        lines.append(f"gpu preset, {fam} acceptance: adaptive / none "
+                     + ", ".join(f"c={n} {v:.2f}" for n, v in g["adaptive_over_none"].items()))
+        lines.append(f"gpu preset, {fam} acceptance: adaptive / best static "
+                     + ", ".join(f"c={n} {v:.2f}"
+                                 for n, v in g["adaptive_over_best_static"].items()))
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    path = Path(args.json)
+    result = json.loads(path.read_text())
+    policy = load_policy(args.policy) if args.policy else None
+    cal = calibrate(result, policy, seed=args.seed)
+    print(format_report(cal))
+    out = Path(args.out) if args.out else path.with_name("calibration.json")
+    out.write_text(json.dumps(cal, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--json", default="out/bench/bench.json", help="a bench.json")
+    ap.add_argument("--policy", default=None,
+                    help="policy of the simulated controller (default: the bench's)")
+    ap.add_argument("--out", default=None, help="default: calibration.json beside --json")
+    ap.add_argument("--seed", type=int, default=0)

@@ -1,0 +1,132 @@
+"""adaptspec.calibrate: the step-time fit recovers a known cost curve, acceptance is inverted
+from tokens per step, and the simulator check predicts what a synthetic engine produced."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adaptspec import calibrate
+from adaptspec.policy import Policy, policy_from_dict
+
+TRUE = {"base_ms": 40.0, "per_request_ms": 6.0, "per_draft_token_ms": 3.0,
+        "spec_overhead_ms": 5.0, "per_draft_position_ms": 20.0}
+CLASSES = {"code": 0.85, "chat": 0.5, "interactive": 0.6}
+
+
+def _expected_tokens(alpha: float, k: int) -> float:
+    return sum(alpha ** i for i in range(k + 1))
+
+
+def _cell(cfg: dict, conc: int, k_by_class: dict[str, int]) -> dict:
+    """A summary cell as `adaptspec bench` writes it, from the true curve and acceptance."""
+    family = calibrate._family(cfg)
+    reqs = {"code": 2 * conc, "chat": 2 * conc, "interactive": conc}
+    total = sum(reqs.values())
+    # request-steps per class from the tokens each class needs
+    length = {cls: (16 if cls == "interactive" else 32) for cls in reqs}
+    tps_class = {cls: _expected_tokens(CLASSES[cls], k_by_class[cls]) for cls in reqs}
+    steps_class = {cls: reqs[cls] * (length[cls] - 1) / tps_class[cls] for cls in reqs}
+    request_steps = sum(steps_class.values())
+    draft_tokens = sum(steps_class[c] * k_by_class[c] for c in reqs)
+    batch = float(conc)
+    engine_steps = request_steps / batch
+    spec = draft_tokens / engine_steps
+    max_k = max(k_by_class.values())
+    k_dist = {str(k_by_class[c]): steps_class[c] for c in reqs}
+    if cfg["adaptive"]:  # requests of mixed K: the longest draft of a step, in expectation
+        max_k = calibrate._expected_max(k_dist, batch)
+    step = (TRUE["base_ms"] + TRUE["per_request_ms"] * batch + TRUE["per_draft_token_ms"] * spec
+            + TRUE["spec_overhead_ms"] * (spec > 0)
+            + (TRUE["per_draft_position_ms"] * max_k if family == "draft_model" else 0.0))
+    wall = engine_steps * step / 1e3
+    tokens = sum(reqs[c] * length[c] for c in reqs)
+    classes = {cls: {"requests": reqs[cls], "acceptance_length": tps_class[cls]}
+               for cls in reqs}
+    if cfg["adaptive"]:
+        for cls in reqs:
+            classes[cls]["k_distribution"] = {str(k_by_class[cls]): steps_class[cls]}
+        assert sum(len(c["k_distribution"]) for c in classes.values()) == len(k_dist)
+    return {"tok_per_s": tokens / wall, "request_steps": request_steps,
+            "decode_tokens": tokens - total, "step_ms_mean": step, "mean_batch": batch,
+            "vllm_draft_tokens": draft_tokens, "classes": classes}
+
+
+def _result() -> dict:
+    configs = [{"name": "none", "spec": None, "adaptive": False}]
+    configs += [{"name": f"vllm_draft_k{k}", "adaptive": False,
+                 "spec": {"method": "draft_model", "num_speculative_tokens": k}} for k in (2, 4)]
+    configs += [{"name": f"vllm_ngram_k{k}", "adaptive": False,
+                 "spec": {"method": "ngram", "num_speculative_tokens": k}} for k in (2, 4, 8)]
+    configs += [{"name": "adaptspec_draft", "adaptive": True,
+                 "spec": {"method": "draft_model", "num_speculative_tokens": 4}}]
+    summary = {}
+    for cfg in configs:
+        summary[cfg["name"]] = {}
+        for conc in (1, 4, 16):
+            if cfg["spec"] is None:
+                ks = dict.fromkeys(CLASSES, 0)
+            elif cfg["adaptive"]:
+                ks = {"code": 3, "chat": 1, "interactive": 0}
+            else:
+                ks = dict.fromkeys(CLASSES, cfg["spec"]["num_speculative_tokens"])
+            summary[cfg["name"]][str(conc)] = _cell(cfg, conc, ks)
+    return {"configs": configs, "summary": summary, "policy": None,
+            "sizes": {"max_tokens": 32, "interactive_tokens": 16}}
+
+
+def test_step_time_fit_recovers_the_true_curve() -> None:
+    rows = calibrate.observations(_result())
+    fitted = calibrate.fit_cost(rows)
+    for key, value in TRUE.items():
+        assert fitted[key] == pytest.approx(value, rel=1e-3, abs=1e-3), key
+    check = calibrate.step_time_check(rows, fitted)
+    assert check and max(abs(c["error"]) for c in check) < 1e-3
+    # the adaptive cells were not in the fit, and still predicted
+    assert any(c["config"] == "adaptspec_draft" and not c["in_fit"] for c in check)
+
+
+def test_fit_ignores_adaptive_cells() -> None:
+    rows = calibrate.observations(_result())
+    for r in rows:
+        if r["adaptive"]:
+            r["step_ms"] *= 10  # a wild adaptive measurement must not move the fit
+    assert calibrate.fit_cost(rows)["base_ms"] == pytest.approx(TRUE["base_ms"], rel=1e-3)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.7, 0.95])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_alpha_from_length_inverts_expected_tokens(alpha: float, k: int) -> None:
+    assert calibrate.alpha_from_length(_expected_tokens(alpha, k), k) == pytest.approx(
+        alpha, abs=1e-4)
+
+
+def test_expected_max_of_k() -> None:
+    assert calibrate._expected_max({"3": 5.0}, 4) == pytest.approx(3.0)
+    # half the requests K=0, half K=2: P(max >= 1) = P(max >= 2) = 1 - 0.5^B
+    assert calibrate._expected_max({"0": 1.0, "2": 1.0}, 2) == pytest.approx(2 * 0.75)
+    assert calibrate._expected_max({}, 8) == 0.0
+
+
+def test_simulator_check_predicts_a_synthetic_engine() -> None:
+    policy = policy_from_dict({"default_class": "chat", "k_max": 4, "classes": {
+        "code": {}, "chat": {}, "interactive": {"latency_critical": True}}})
+    cal = calibrate.calibrate(_result(), policy)
+    assert cal["acceptance"]["draft_model"]["alpha"]["code"] == pytest.approx(0.85, abs=1e-3)
+    statics = [c for c in cal["simulator_check"]
+               if c["config"].startswith("vllm_draft") and not c["in_fit"]]
+    assert statics  # K=2 predicted from acceptance fitted on K=4
+    # The synthetic engine follows the simulator's own model (acceptance per position, the
+    # step-time formula), so the simulator's static-K predictions land close.
+    assert max(abs(c["error"]) for c in statics) < 0.1, statics
+    assert set(cal["gpu_preset"]) == {"draft_model", "ngram"}
+    gpu = cal["gpu_preset"]["draft_model"]
+    assert set(gpu["adaptive_over_none"]) == {str(n) for n in calibrate.GPU_LOADS}
+    assert all(np.isfinite(v) and v > 0 for v in gpu["adaptive_over_none"].values())
+    assert isinstance(calibrate.format_report(cal), str)
+
+
+def test_calibration_needs_static_cells() -> None:
+    with pytest.raises(ValueError, match="at least two"):
+        calibrate.fit_cost([])
+    assert isinstance(Policy(), Policy)
