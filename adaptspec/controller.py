@@ -809,14 +809,19 @@ class _Batch:
 DECISIONS = (SPECULATE, PLAIN, LATENCY_CRITICAL, FALLBACK)
 
 
-def time_decisions(policy: Policy, batch: int, repeats: int = 2000, seed: int = 0) -> dict:
+def time_decisions(policy: Policy, batch: int, repeats: int = 2000, seed: int = 0,
+                   speculating: bool = False) -> dict:
     """Median and p99 time of one controller step (feedback + decision) for a batch, used by
     `adaptspec bench decide`. Wall time (median_us, p99_us) and the thread's CPU time
     (cpu_median_us, cpu_p99_us): on a shared machine the wall clock also counts the time other
-    processes hold the core, the CPU clock only the controller's own work."""
+    processes hold the core, the CPU clock only the controller's own work.
+
+    Requests cycle through the policy's classes; `speculating` leaves the latency-critical
+    ones out, so that (where the cost model allows) the batch drafts and feeds back every step
+    rather than being held at K = 0 by a latency-critical request."""
     rng = np.random.default_rng(seed)
     ctl = Controller(policy, seed=seed)
-    names = list(policy.classes)
+    names = [n for n, c in policy.classes.items() if not (speculating and c.latency_critical)]
     slots = np.array([ctl.add_request(f"r{i}", names[i % len(names)]) for i in range(batch)])
     wall = np.empty(repeats)
     cpu = np.empty(repeats)
@@ -833,6 +838,8 @@ def time_decisions(policy: Policy, batch: int, repeats: int = 2000, seed: int = 
     wall, cpu = wall[skip:] / 1e3, cpu[skip:] / 1e3
     return {
         "batch": batch,
+        "speculating": speculating,
+        "mean_k": float(np.mean(ks)),
         "median_us": float(np.median(wall)),
         "p99_us": float(np.percentile(wall, 99)),
         "cpu_median_us": float(np.median(cpu)),
