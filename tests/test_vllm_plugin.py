@@ -234,6 +234,19 @@ def test_our_proposer_drafts_exactly_k_and_nothing_for_k0(monkeypatch: pytest.Mo
     assert set(calls[2:]) == {("a", -1), ("c", -1), ("d", -1), ("b", 1)}
 
 
+def test_vllm_proposers_draft_no_more_than_the_longest_k() -> None:
+    # vLLM's ngram / draft_model proposers draft num_spec_tokens_to_schedule tokens for every
+    # request: the scheduler lowers it to the longest K in the batch (0: no draft passes).
+    from adaptspec_vllm.scheduler import draft_budget
+
+    k = {"a": 0, "b": 3, "c": 1}.get
+    assert draft_budget(k, ["a", "c"], 8) == 1
+    assert draft_budget(k, ["a", "b", "c"], 8) == 3
+    assert draft_budget(k, ["a"], 8) == 0
+    assert draft_budget(k, ["b"], 2) == 2  # never more than vLLM was configured for
+    assert draft_budget(k, [], 8) == 0
+
+
 def test_learned_state_is_snapshotted_privately(runs: dict, policy_file: Path) -> None:
     import stat
 

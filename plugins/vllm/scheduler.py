@@ -107,9 +107,8 @@ class AdaptiveScheduler(Scheduler):
             # than the longest K of a scheduled request, so a batch the controller keeps plain
             # pays for no draft passes (a draft model still runs its first pass, which keeps
             # its KV cache in step; vLLM's Dynamic SD relies on the same).
-            top = max(map(rt.k_for, out.num_scheduled_tokens), default=0)
-            if top < out.num_spec_tokens_to_schedule:
-                out.num_spec_tokens_to_schedule = top
+            out.num_spec_tokens_to_schedule = draft_budget(
+                rt.k_for, out.num_scheduled_tokens, out.num_spec_tokens_to_schedule)
             self._step_start = time.perf_counter()
         return out
 
@@ -166,6 +165,12 @@ class AdaptiveScheduler(Scheduler):
             # What it held at the end (tests/reliability checks these stay within the caps).
             log.info("adaptspec: state at shutdown %s", self.runtime.state_sizes())
         super().shutdown()
+
+
+def draft_budget(k_for: Any, req_ids: Any, configured: int) -> int:
+    """Draft tokens vLLM's proposer makes per request this step: the longest K of the
+    scheduled requests, never more than vLLM would have drafted."""
+    return min(max(map(k_for, req_ids), default=0), configured)
 
 
 def _feedback(scheduler_output: Any, model_runner_output: Any, live: Any = None
