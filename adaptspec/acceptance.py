@@ -17,6 +17,8 @@ import itertools
 
 import numpy as np
 
+from adaptspec import fastpath
+
 # Versions of estimator state, unique across estimators, so that a cache keyed on one can never
 # mistake another estimator's (or an earlier) state for the current one.
 _VERSIONS = itertools.count(1)
@@ -74,6 +76,8 @@ class AcceptanceEstimator:
         # is a no-op and is skipped, and the posteriors (hence `version`) stay as they are: a
         # server that never speculates keeps its class tables from step to step.
         self._has_evidence = False
+        # partial_fit runs compiled (adaptspec.fastpath) when given no keys
+        self.use_fastpath = fastpath.AVAILABLE
         self._pos = np.arange(kk)
         self._ones = np.ones(256)
         # Evidence a verification with key d * (kk + 1) + a adds: successes at positions < a,
@@ -156,6 +160,12 @@ class AcceptanceEstimator:
         `class_offsets`: classes * (k_max + 1) ** 2, likewise.
         """
         kk, n = self.k_max, self.active
+        if self.use_fastpath and keys is None:
+            decay = self.forgetting if self._has_evidence else 1.0
+            fastpath.credit_classes(self._ev, n, kk, decay, classes, drafted, accepted)
+            self.version = next(_VERSIONS)
+            self._has_evidence = True
+            return
         evidence = self._ev[:n, : 2 * kk]
         if self._has_evidence and self.forgetting != 1.0:  # (zeros decay to themselves)
             evidence *= self.forgetting
@@ -243,6 +253,7 @@ class RequestAcceptance:
         # Changes whenever a record may have (as AcceptanceEstimator.version; reading s or n
         # counts as a change, `records` does not).
         self.version = next(_VERSIONS)
+        self.use_fastpath = fastpath.AVAILABLE  # as AcceptanceEstimator's
         # Per feedback key (d, a): the decay applied (none if nothing was drafted), and what is
         # added to s (accepted) and to n (positions observed: accepted plus the rejected one).
         kk = self.k_max = max(k_max, 1)
@@ -278,6 +289,10 @@ class RequestAcceptance:
         """Add one step's verifications (drafted and accepted clipped to 0..k_max); requests
         that drafted nothing keep their record as it was. `keys`: see AcceptanceEstimator.
         Returns the updated records of `slots`, [2, len(slots)] (s, n), for the decision."""
+        if self.use_fastpath and keys is None:
+            self.version = next(_VERSIONS)
+            return fastpath.update_records(self._sn, slots, drafted, accepted, self.k_max,
+                                           self.forgetting)
         if keys is None:
             keys = feedback_keys(drafted, accepted, self.k_max)
         update = self._update.take(keys, axis=1)  # decay, then what s and n gain

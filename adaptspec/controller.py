@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from adaptspec import fastpath
 from adaptspec.acceptance import AcceptanceEstimator, RequestAcceptance, feedback_keys
 from adaptspec.cost import StepCostModel
 from adaptspec.policy import OTHER_CLASS, ClassPolicy, Policy
@@ -44,6 +45,7 @@ _TAB_MEAN = 7
 # costs about as much as the call's work on a few hundred elements.
 _ZERO, _ALPHA_CAP, _BIN_SCALE = np.array(0.0), np.array(0.995), np.array(float(_BINS - 1))
 _BIN_SHIFT = np.array(_BINS + 1)
+_NO_DRAWS = np.zeros((0, 1))
 # From this batch size on, the running product along the draft is one multiply per position
 # (see _running_product).
 _ROW_PRODUCT_MIN_BATCH = 96
@@ -131,6 +133,11 @@ class Controller:
         self.req_id_of = [""] * cap
 
         self.cost = StepCostModel(policy.cost_model)
+        # Compiled feedback and decisions (adaptspec.fastpath) where numba is installed (the
+        # decision for uniform policies); False forces the numpy path (tests compare the two).
+        self.use_fastpath = fastpath.AVAILABLE
+        if self.use_fastpath:
+            fastpath.warm_up()
         self.errors = 0
         self.steps = 0
         self.last_predicted_ms = float("nan")
@@ -159,6 +166,16 @@ class Controller:
         nxt = np.where(hold, prev[:, None] * steps + votes[:, None] + 1, wanted * steps)
         self._hyst_next = (nxt * (kk + 1)).ravel()
         self._hyst_k = np.repeat(prev, kk + 1)  # K granted, by stored state
+
+    @property
+    def use_fastpath(self) -> bool:
+        """Whether feedback and (uniform-policy) decisions run compiled (adaptspec.fastpath)."""
+        return self._fast
+
+    @use_fastpath.setter
+    def use_fastpath(self, on: bool) -> None:
+        self._fast = bool(on) and fastpath.AVAILABLE
+        self.estimator.use_fastpath = self.requests.use_fastpath = self._fast
 
     def _flush_live(self) -> None:
         """Write the per-slot state the last step's batch holds into the per-slot arrays.
@@ -381,7 +398,10 @@ class Controller:
         else:
             # (argmax: a ufunc reduction costs several times more for a few hundred integers)
             longest = max(int(drafted.flat[drafted.argmax()]), 0)
-        if longest:
+        if longest and self.use_fastpath:
+            self.estimator.partial_fit(cls, drafted, accepted)  # (compiled, given no keys)
+            sn = self.requests.partial_fit(slots, drafted, accepted)
+        elif longest:
             # Clip the feedback once for both estimators.
             keys = feedback_keys(drafted, accepted, self.estimator.k_max)
             if batch.class_offsets is None:
@@ -464,6 +484,8 @@ class Controller:
         ct = batch.ct
         if not batch.any_open:
             return np.zeros(n, dtype=np.int64), batch.kinds.copy()  # no request may draft
+        if self._uniform and self.use_fastpath:
+            return self._decide_compiled(slots, batch, sn)
         # Increments without exploration: reused from the last step if neither the posteriors
         # nor these requests' records changed since (nothing drafted, nothing learned), and
         # kept once they have stayed the same for two steps in a row.
@@ -610,6 +632,46 @@ class Controller:
             ks = ks.astype(np.int64)
         kinds = batch.kinds.copy()
         if best or k_min is not None:  # else no request drafts
+            kinds[ks > 0] = 0
+        return ks, kinds
+
+    def _decide_compiled(self, slots: np.ndarray, batch: _Batch,
+                         sn: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """`_decide` for a uniform policy in one compiled call (adaptspec.fastpath): the same
+        random draws, arithmetic and rules, without the caches the numpy path needs."""
+        n, kk, p = batch.n, self.k_max, self.policy
+        if sn is None:
+            sn = self.requests.records(slots)
+        if p.exploration > 0:
+            explore = self.rng.random(n) < p.exploration
+            m = int(np.count_nonzero(explore))
+            if m:
+                self._class_spread()
+                z = self.rng.standard_normal((m, kk))
+            else:
+                z = _NO_DRAWS
+        else:
+            explore, z = np.zeros(n, dtype=bool), _NO_DRAWS
+        limit_factor = 1.0 + p.latency_critical_slack if batch.any_latency_critical else 0.0
+        inc = batch.weights[1]
+        ks = np.empty(n, dtype=np.int64)
+        wanted = np.empty(n, dtype=np.int64)
+        cost = self.cost
+        best, best_free, t_best = fastpath.decide_uniform(
+            sn, batch.ct, _TAB_U, _TAB_MEAN, kk, explore, self._tab_draw, batch.cls, z,
+            float(_ALPHA_CAP), _BINS, cost.coef, cost.knee, limit_factor,
+            batch.slo_ms if self._any_slo else np.inf, cost.floor_free, inc, ks, wanted)
+        self.last_predicted_ms = float(t_best)
+        self._last_cut = (slots, inc, self._thresholds[best], None)
+        if p.hysteresis_steps > 1:
+            # (as in _decide: hysteresis runs on the plan wanted without this step's limit)
+            wanted = self._hold_increases(slots, ks if best_free == best else wanted, batch)
+            if best_free == best:
+                ks = wanted
+            elif best:
+                ks = np.minimum(ks, wanted)
+        kinds = batch.kinds.copy()
+        if best:
             kinds[ks > 0] = 0
         return ks, kinds
 
