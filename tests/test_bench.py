@@ -37,6 +37,22 @@ def test_summary_shares_a_chunk_gap_among_its_tokens() -> None:
     assert row["k_distribution"] == {"4": 2.0}
 
 
+def test_summary_records_what_calibration_fits() -> None:
+    # two requests decoding side by side for 0.2 s of a 0.5 s cell; chunk gaps are step times
+    cell = _cell([_req("a", "code", list(range(5)), [0.1, 0.2, 0.3], [1, 2, 2]),
+                  _req("b", "chat", list(range(3)), [0.2, 0.25, 0.3], [1, 1, 1])], wall=0.5)
+    spec = {"vllm:spec_decode_num_drafts_total": 4.0,
+            "vllm:spec_decode_num_draft_tokens_total": 8.0,
+            "vllm:spec_decode_num_accepted_tokens_total": 2.0}
+    cell["spec_after"] = spec
+    s = bench.summarize_cell(cell, static_k=2)
+    assert s["request_steps"] == 4
+    assert s["decode_tokens"] == 6
+    assert s["step_ms_mean"] == pytest.approx((100 + 100 + 50 + 50) / 4)
+    assert s["mean_batch"] == pytest.approx((0.2 + 0.1) / 0.5)
+    assert (s["vllm_drafts"], s["vllm_draft_tokens"], s["vllm_accepted_tokens"]) == (4, 8, 2)
+
+
 def test_adaptive_k_distribution_comes_from_histogram_deltas() -> None:
     cell = _cell([_req("a", "code", [1, 2], [0.1, 0.2], [1, 1])])
     cell["k_hist_before"] = {"code": {"0.5": 1.0, "1.5": 1.0, "2.5": 2.0, "+Inf": 2.0}}
