@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from adaptspec.policy import OTHER_CLASS
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from adaptspec.controller import Controller
 
 DECISION_LABELS = ("speculate", "plain", "latency_critical", "fallback")
@@ -74,14 +76,30 @@ class Metrics:
         for name, n in removed.items():
             self.confidence_cut.labels(self.label(name)).inc(n)
 
-    def record_fallback(self, class_names: list[str]) -> None:
-        """Decisions the controller could not make (a fault outside it): one per request."""
+    def record_fallback(self, class_names: list[str], drafted: Sequence[int] = (),
+                        accepted: Sequence[int] = ()) -> None:
+        """Decisions the controller could not make (a fault outside it): one per request.
+
+        The step's drafted and accepted counts are facts about the engine, not the controller,
+        so they are counted still: the draft and acceptance series stay equal to vLLM's own."""
         counts: dict[str, int] = {}
         for name in class_names:
             lab = self.label(name)
             counts[lab] = counts.get(lab, 0) + 1
         for lab, n in counts.items():
             self.steps.labels(lab, "fallback").inc(n)
+        for name, d, a in zip(class_names, drafted, accepted, strict=False):
+            d = min(int(d), max(self.k_max, 1))
+            a = min(int(a), d)
+            if d <= 0:
+                continue
+            lab = self.label(name)
+            self.draft_tokens.labels(lab).inc(d)
+            self.accepted_tokens.labels(lab).inc(a)
+            for j in range(d):
+                self.drafted_per_pos.labels(lab, str(j)).inc()
+                if j < a:
+                    self.accepted_per_pos.labels(lab, str(j)).inc()
 
     def record_step(self, ctl: Controller, slots: np.ndarray, drafted: np.ndarray,
                     accepted: np.ndarray, ks: np.ndarray, kinds: np.ndarray) -> None:

@@ -107,7 +107,7 @@ class AdaptiveRuntime:
             self._count_error()
             log.exception("adaptspec: controller step failed; using fallback K=%d", self.fallback_k)
             ks = [self._fallback_for(r) for r in req_ids]
-            self._record_fallback(req_ids)
+            self._record_fallback(req_ids, drafted, accepted)
         decided = {r: int(k) for r, k in zip(req_ids, ks, strict=True)}
         self._k.update(decided)
         return decided
@@ -182,12 +182,14 @@ class AdaptiveRuntime:
             log.warning("adaptspec: could not write state snapshot %s: %s", path, e)
             return False
 
-    def _record_fallback(self, req_ids: Sequence[str]) -> None:
+    def _record_fallback(self, req_ids: Sequence[str], drafted: Sequence[int],
+                         accepted: Sequence[int]) -> None:
         if self.metrics is None:
             return
         try:
             self.metrics.record_fallback(
-                [self.classes.get(r, self.policy.default_class) for r in req_ids])
+                [self.classes.get(r, self.policy.default_class) for r in req_ids],
+                drafted, accepted)
         except Exception:
             log.exception("adaptspec: metrics failed")
 

@@ -63,12 +63,22 @@ def test_runtime_faults_give_fallback_but_latency_critical_stays_plain(
         raise RuntimeError("boom")
 
     monkeypatch.setattr(rt.controller, "step_by_id", boom)
-    assert rt.step(["a", "b"], [1, 0], [1, 0], 0.01) == {"a": 2, "b": 0}
+    assert rt.step(["a", "b"], [3, 0], [2, 0], 0.01) == {"a": 2, "b": 0}
     assert rt.errors == 1
     text = metrics_text(reg)
     assert "adaptspec_controller_errors_total 1.0" in text
     assert 'adaptspec_steps_total{class="code",decision="fallback"} 1.0' in text
     assert 'adaptspec_steps_total{class="interactive",decision="fallback"} 1.0' in text
+    # The step's drafts were verified all the same: counted as the controller would count them
+    # (the counts must keep matching vLLM's own spec-decode counters, see test_vllm_plugin.py).
+    assert 'adaptspec_draft_tokens_total{class="code"} 3.0' in text
+    assert 'adaptspec_accepted_tokens_total{class="code"} 2.0' in text
+    for pos, acc in ((0, 1.0), (1, 1.0), (2, None)):
+        assert f'adaptspec_draft_tokens_per_pos_total{{class="code",position="{pos}"}} 1.0' \
+            in text
+        line = f'adaptspec_accepted_tokens_per_pos_total{{class="code",position="{pos}"}}'
+        assert (f"{line} {acc}" in text) if acc else (line not in text)
+    assert 'adaptspec_draft_tokens_total{class="interactive"}' not in text
 
 
 def test_injected_faults_every_nth_step(monkeypatch: pytest.MonkeyPatch) -> None:

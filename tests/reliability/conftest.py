@@ -65,10 +65,15 @@ def rel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def prompts(tiny_models: dict) -> dict[str, Any]:
     """Greedy prompts for load and faults (code + random tokens) and the sampling prompt."""
     tok = Path(tiny_models["target"]) / "tokenizer.json"
-    code = code_prompts(tok, 33)
+    code = code_prompts(tok, 35)
     rng = np.random.default_rng(7)
     noisy = [rng.integers(3, 4000, size=40).tolist() for _ in range(8)]
-    return {"greedy": code[:32] + noisy, "sample": code[32][:32]}
+    # The sampling prompt is where the tiny draft disagrees most with the target on token 3
+    # (the first token a draft decides: a request's first decode step runs at K=0), so that a
+    # broken acceptance rule shows: among code prompts 32-59, the exact marginals give a
+    # two-sample chi-square noncentrality of about 400 at 2,000 samples a side for prompt 34,
+    # 125 for prompt 32 (used before; one CI run's broken sampler scored only p=1.7e-6 there).
+    return {"greedy": code[:32] + noisy, "sample": code[34][:32]}
 
 
 class Engines:
