@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from adaptspec.policy import OTHER_CLASS
 
@@ -29,7 +29,8 @@ class Metrics:
         self.max_classes = max_classes
         self.k_max = k_max
         self._labels: dict[str, str] = {}
-        kw = {"registry": registry} if registry is not None else {}
+        self._registry = registry if registry is not None else REGISTRY
+        kw = {"registry": self._registry}
         self.draft_tokens = Counter(
             "adaptspec_draft_tokens", "Draft tokens verified", ["class"], **kw)
         self.accepted_tokens = Counter(
@@ -60,6 +61,16 @@ class Metrics:
             "adaptspec_step_time_ms", "Measured step time of the last step", ["kind"],
             multiprocess_mode="mostrecent", **kw)
 
+    def unregister(self) -> None:
+        """Take these series out of their registry, so another Metrics may take the names."""
+        for c in (self.draft_tokens, self.accepted_tokens, self.accepted_per_pos,
+                  self.drafted_per_pos, self.steps, self.chosen_k, self.acceptance,
+                  self.confidence_cut, self.errors, self.step_time):
+            try:
+                self._registry.unregister(c)
+            except KeyError:  # already out
+                pass
+
     def label(self, name: str) -> str:
         lab = self._labels.get(name)
         if lab is None:
@@ -76,41 +87,28 @@ class Metrics:
         for name, n in removed.items():
             self.confidence_cut.labels(self.label(name)).inc(n)
 
-    def record_fallback(self, class_names: list[str], drafted: Sequence[int] = (),
-                        accepted: Sequence[int] = ()) -> None:
+    def record_fallback(self, class_names: Sequence[str], drafted: Sequence[int],
+                        accepted: Sequence[int]) -> None:
         """Decisions the controller could not make (a fault outside it): one per request.
 
         The step's drafted and accepted counts are facts about the engine, not the controller,
         so they are counted still: the draft and acceptance series stay equal to vLLM's own."""
-        counts: dict[str, int] = {}
-        for name in class_names:
-            lab = self.label(name)
-            counts[lab] = counts.get(lab, 0) + 1
-        for lab, n in counts.items():
-            self.steps.labels(lab, "fallback").inc(n)
-        for name, d, a in zip(class_names, drafted, accepted, strict=False):
-            d = min(int(d), max(self.k_max, 1))
-            a = min(int(a), d)
-            if d <= 0:
-                continue
-            lab = self.label(name)
-            self.draft_tokens.labels(lab).inc(d)
-            self.accepted_tokens.labels(lab).inc(a)
-            for j in range(d):
-                self.drafted_per_pos.labels(lab, str(j)).inc()
-                if j < a:
-                    self.accepted_per_pos.labels(lab, str(j)).inc()
-
-    def record_step(self, ctl: Controller, slots: np.ndarray, drafted: np.ndarray,
-                    accepted: np.ndarray, ks: np.ndarray, kinds: np.ndarray) -> None:
-        """Aggregate per class first so the Python work is per class, not per request."""
-        if slots.size == 0:
+        if not class_names:
             return
-        cls = ctl.req_class[slots]
-        n_cls = len(ctl.class_names)
+        names, cls = np.unique(np.asarray(class_names, dtype=str), return_inverse=True)
+        self._record_drafts(list(names), cls, np.asarray(drafted, dtype=np.int64),
+                            np.asarray(accepted, dtype=np.int64))
+        for c, n in enumerate(np.bincount(cls, minlength=len(names))):
+            self.steps.labels(self.label(str(names[c])), "fallback").inc(int(n))
+
+    def _record_drafts(self, names: Sequence[str], cls: np.ndarray, drafted: np.ndarray,
+                       accepted: np.ndarray) -> None:
+        """Drafted and accepted tokens, in total and per position, per class (cls indexes
+        names). Aggregated per class first so the Python work is per class, not per request."""
+        n_cls = len(names)
         kk = max(self.k_max, 1)
-        d = np.minimum(drafted, kk)
-        a = np.minimum(accepted, d)
+        d = np.clip(drafted, 0, kk)
+        a = np.clip(accepted, 0, d)
         d_sum = np.bincount(cls, weights=d, minlength=n_cls)
         a_sum = np.bincount(cls, weights=a, minlength=n_cls)
         key_a = np.bincount(cls * (kk + 1) + a, minlength=n_cls * (kk + 1)).reshape(n_cls, kk + 1)
@@ -118,17 +116,26 @@ class Metrics:
         # position j was accepted by requests with a > j, drafted by those with d > j
         acc_pos = np.cumsum(key_a[:, :0:-1], axis=1)[:, ::-1]
         dr_pos = np.cumsum(key_d[:, :0:-1], axis=1)[:, ::-1]
+        for c in np.flatnonzero(d_sum):
+            lab = self.label(str(names[c]))
+            self.draft_tokens.labels(lab).inc(d_sum[c])
+            self.accepted_tokens.labels(lab).inc(a_sum[c])
+            for j in np.flatnonzero(dr_pos[c]):
+                self.drafted_per_pos.labels(lab, str(j)).inc(dr_pos[c, j])
+                if acc_pos[c, j]:
+                    self.accepted_per_pos.labels(lab, str(j)).inc(acc_pos[c, j])
+
+    def record_step(self, ctl: Controller, slots: np.ndarray, drafted: np.ndarray,
+                    accepted: np.ndarray, ks: np.ndarray, kinds: np.ndarray) -> None:
+        if slots.size == 0:
+            return
+        cls = ctl.req_class[slots]
+        n_cls = len(ctl.class_names)
+        self._record_drafts(ctl.class_names, cls, drafted, accepted)
         dec = np.bincount(cls * 4 + kinds, minlength=n_cls * 4).reshape(n_cls, 4)
         means = ctl.estimator.mean()[:, 0]
         for c in np.unique(cls):
             lab = self.label(ctl.class_names[c])
-            if d_sum[c]:
-                self.draft_tokens.labels(lab).inc(d_sum[c])
-                self.accepted_tokens.labels(lab).inc(a_sum[c])
-                for j in np.flatnonzero(dr_pos[c]):
-                    self.drafted_per_pos.labels(lab, str(j)).inc(dr_pos[c, j])
-                    if acc_pos[c, j]:
-                        self.accepted_per_pos.labels(lab, str(j)).inc(acc_pos[c, j])
             for i in np.flatnonzero(dec[c]):
                 self.steps.labels(lab, DECISION_LABELS[i]).inc(dec[c, i])
             hist = self.chosen_k.labels(lab)

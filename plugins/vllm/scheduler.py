@@ -208,10 +208,22 @@ def _feedback(scheduler_output: Any, model_runner_output: Any, live: Any = None
     return req_ids, drafted, accepted, pure_decode
 
 
+_process_metrics: Metrics | None = None
+
+
 def _make_metrics(policy: Any) -> Metrics | None:
-    """The adaptspec_* series; a registry failure leaves serving on, without metrics."""
+    """The adaptspec_* series; a registry failure leaves serving on, without metrics.
+
+    A process that builds a second engine (a notebook re-creating `LLM`, the tests) gets fresh
+    series for it, as vLLM does for its own: the previous engine's are unregistered first.
+    """
+    global _process_metrics
     try:
-        return Metrics(policy.max_classes, policy.k_max)
+        if _process_metrics is not None:
+            _process_metrics.unregister()
+            _process_metrics = None
+        _process_metrics = Metrics(policy.max_classes, policy.k_max)
+        return _process_metrics
     except Exception:
         log.exception("adaptspec: metrics unavailable; serving continues without them")
         return None

@@ -18,6 +18,7 @@ unaffected. ``adaptspec_vllm.register()`` (loaded by vLLM in every process) call
 from __future__ import annotations
 
 import os
+import sys
 
 BROKEN_SAMPLER_ENV = "ADAPTSPEC_TEST_BROKEN_SAMPLER"
 _SCALES = {"accept_all": 0.0, "lenient": 0.5}
@@ -48,3 +49,14 @@ def maybe_break_sampler() -> str | None:
         "adaptspec: TEST HOOK %s=%s: vLLM's rejection sampler is deliberately BROKEN in this "
         "process (outputs are not the target model's distribution)", BROKEN_SAMPLER_ENV, mode)
     return mode
+
+
+def restore_sampler() -> None:
+    """Undo :func:`maybe_break_sampler` (engines may run one after another in one process)."""
+    if "vllm.v1.sample.rejection_sampler" not in sys.modules:
+        return
+    from vllm.v1.sample import rejection_sampler as rs
+
+    original = getattr(rs.generate_uniform_probs, "_adaptspec_original", None)
+    if original is not None:
+        rs.generate_uniform_probs = original

@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 
 HERE = Path(__file__).resolve().parent
-ENGINE_JOB = HERE / "engine_job.py"
 LONG = os.environ.get("ADAPTSPEC_LONG", "") not in ("", "0")
 long_only = pytest.mark.skipif(not LONG, reason="long version: set ADAPTSPEC_LONG=1")
 
@@ -82,42 +81,29 @@ def code_prompts(tokenizer_json: str | Path, n: int, length: int = 48, skip: int
 # ------------------------------------------------------------------------------ engines
 
 
-def read_multiproc(folder: Path) -> dict[str, dict]:
-    """The adaptspec_* series an engine wrote to its Prometheus multiprocess folder."""
-    from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.multiprocess import MultiProcessCollector
-
-    from adaptspec.demo import parse_metrics
-
-    reg = CollectorRegistry()
-    MultiProcessCollector(reg, path=str(folder))
-    return parse_metrics(generate_latest(reg).decode())
-
-
 class EngineJob:
-    """One offline engine (tests/reliability/engine_job.py) in a subprocess, started at once."""
+    """Offline engines one after another in one subprocess (adaptspec_vllm.run_engine, engine
+    core in-process), started at once; `result(name)` waits for the process."""
 
-    def __init__(self, folder: Path, name: str, cfg: dict, env: dict[str, str] | None = None,
+    def __init__(self, folder: Path, label: str, engines: dict[str, tuple[dict, dict[str, str]]],
                  timeout: float = 900) -> None:
-        self.name, self.timeout = name, timeout
-        self.prom = folder / f"prom-{name}"
-        self.prom.mkdir(parents=True)
-        cfg_path, self.out_path = folder / f"{name}.json", folder / f"{name}.out.json"
-        self.log_path = folder / f"{name}.log"
-        cfg_path.write_text(json.dumps(cfg))
-        full_env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.prom),
-                    "VLLM_CPU_KVCACHE_SPACE": "1",
-                    # engine core in this process: one interpreter start less per engine
-                    "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(env or {})}
+        self.label, self.timeout = label, timeout
+        cfg_path, self.out_path = folder / f"{label}.json", folder / f"{label}.out.json"
+        self.log_path = folder / f"{label}.log"
+        cfg_path.write_text(json.dumps({"engines": [
+            {"name": name, **cfg, "env": env} for name, (cfg, env) in engines.items()]}))
         self._log = open(self.log_path, "w")
         self.t0 = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, str(ENGINE_JOB), str(cfg_path),
-                                      str(self.out_path)], env=full_env, stdout=self._log,
-                                     stderr=subprocess.STDOUT)
-        self._result: dict | None = None
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "adaptspec_vllm.run_engine", str(cfg_path), str(self.out_path)],
+            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}, stdout=self._log,
+            stderr=subprocess.STDOUT)
+        self._results: dict[str, dict] | None = None
 
-    def result(self) -> dict[str, Any]:
-        if self._result is None:
+    def result(self, name: str) -> dict[str, Any]:
+        from adaptspec.demo import parse_metrics
+
+        if self._results is None:
             try:
                 code = self.proc.wait(timeout=max(1.0, self.timeout -
                                                   (time.monotonic() - self.t0)))
@@ -128,13 +114,16 @@ class EngineJob:
             self._log.close()
             log = self.log_path.read_text(errors="replace")
             if code != 0:
-                raise AssertionError(f"engine {self.name} failed ({code})\n{log[-5000:]}")
-            res = json.loads(self.out_path.read_text())
-            res["log"] = log
-            res["adaptspec"] = read_multiproc(self.prom)
-            res["wall_s"] = time.monotonic() - self.t0
-            self._result = res
-        return self._result
+                raise AssertionError(f"engines {self.label} failed ({code})\n{log[-5000:]}")
+            self._results = json.loads(self.out_path.read_text())["engines"]
+            for n, res in self._results.items():
+                if res["error"]:
+                    raise AssertionError(f"engine {n} failed\n{res['error']}")
+                # this engine's part of the shared log, between run_engine's markers
+                part = log.split(f"run_engine: {n} starting", 1)[-1]
+                res["log"] = part.split(f"run_engine: {n} done", 1)[0]
+                res["adaptspec"] = parse_metrics(res["adaptspec"])
+        return self._results[name]
 
     def kill(self) -> None:
         if self.proc.poll() is None:

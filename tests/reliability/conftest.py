@@ -1,9 +1,9 @@
 """Shared engines for the reliability tests.
 
 Engine starts dominate the run time on a 2-core machine, so every offline engine these tests need
-is started once, in the background, as soon as the session begins (two at a time, to bound
-memory), and the `adaptspec serve` instance for the load tests starts beside them; tests then
-wait only for the results they read. `tiny_models` comes from tests/conftest.py.
+is started once, in the background, as soon as the session begins (two processes, each running
+its engines one after another), and the `adaptspec serve` instance for the load tests starts
+beside them; tests then wait only for the results they read. `tiny_models`: tests/conftest.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -77,41 +76,18 @@ def prompts(tiny_models: dict) -> dict[str, Any]:
 
 
 class Engines:
-    """The offline engine runs, started in the background at most `parallel` at a time."""
+    """The offline engines, in two processes started at once (an engine core in-process uses
+    one core; this machine has two), each running its engines one after another."""
 
-    def __init__(self, specs: dict[str, tuple[dict, dict[str, str]]], folder: Path,
-                 parallel: int = 2) -> None:
-        self._specs = specs
-        self._jobs: dict[str, EngineJob] = {}
-        self._started = {name: threading.Event() for name in specs}
-        self._folder = folder
-        self._sem = threading.Semaphore(parallel)
-        self._stop = False
-        self._thread = threading.Thread(target=self._launch, daemon=True)
-        self._thread.start()
-
-    def _launch(self) -> None:
-        for name, (cfg, env) in self._specs.items():
-            self._sem.acquire()
-            if self._stop:
-                return
-            job = EngineJob(self._folder, name, cfg, env)
-            self._jobs[name] = job
-            self._started[name].set()
-            threading.Thread(target=self._release_when_done, args=(job,), daemon=True).start()
-
-    def _release_when_done(self, job: EngineJob) -> None:
-        job.proc.wait()
-        self._sem.release()
+    def __init__(self, groups: dict[str, dict[str, tuple[dict, dict[str, str]]]],
+                 folder: Path) -> None:
+        self._jobs = {label: EngineJob(folder, label, specs) for label, specs in groups.items()}
+        self._where = {name: label for label, specs in groups.items() for name in specs}
 
     def __getitem__(self, name: str) -> dict[str, Any]:
-        assert self._started[name].wait(timeout=1800), f"engine {name} never started"
-        return self._jobs[name].result()
+        return self._jobs[self._where[name]].result(name)
 
     def close(self) -> None:
-        self._stop = True
-        for _ in self._specs:
-            self._sem.release()
         for job in self._jobs.values():
             job.kill()
 
@@ -141,7 +117,7 @@ def engines(tiny_models: dict, prompts: dict, rel_dir: Path) -> Iterator[Engines
     # A snapshot folder nobody can write, root included: a path below a regular file.
     (folder / "not-a-dir").write_text("x")
     batch_plain = max(64, min(256, N_SAMPLES))
-    # room for every running request's whole prompt in one step (see engine_job.py)
+    # room for every running request's whole prompt in one step (see adaptspec_vllm/run_engine.py)
     nbt = batch_plain * (len(prompts["sample"]) + 8)
     specs: dict[str, tuple[dict, dict[str, str]]] = {
         "plain": ({"model": target, "spec": None, "adaptive": False, "max_num_seqs": batch_plain,
@@ -179,7 +155,8 @@ def engines(tiny_models: dict, prompts: dict, rel_dir: Path) -> Iterator[Engines
                                    "batches": {"samples": samples(5_000_000)}},
                                   {"ADAPTSPEC_POLICY": policy("draft_lenient"),
                                    "ADAPTSPEC_TEST_BROKEN_SAMPLER": "lenient"})
-    eng = Engines(specs, folder)
+    # the faulted engine alone in its process: test_faults.py counts faults in its log
+    eng = Engines({"faulted": {"adaptive": specs.pop("adaptive")}, "others": specs}, folder)
     yield eng
     eng.close()
 
