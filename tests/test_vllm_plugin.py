@@ -82,20 +82,9 @@ def _noisy(rng: np.random.Generator, n: int, vocab: int) -> list[list[int]]:
 def run_engines(tmp: Path, engines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Engines one after another in one process (adaptspec_vllm.run_engine): each result has
     its one batch's `tokens`, vLLM's `spec` counters, our `adaptspec` series and `error`."""
-    cfg_path, out_path = tmp / "engines.json", tmp / "engines.out.json"
-    cfg_path.write_text(json.dumps({"engines": engines}))
-    proc = subprocess.run([sys.executable, "-m", "adaptspec_vllm.run_engine", str(cfg_path),
-                           str(out_path)], env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
-                          capture_output=True, text=True, timeout=1200)
-    if proc.returncode != 0:
-        raise AssertionError(f"engine runs failed\n{proc.stderr[-4000:]}")
-    out = json.loads(out_path.read_text())["engines"]
-    for res in out.values():
-        res["stderr"] = proc.stderr
-        if res["error"] is None:
-            res["tokens"] = res["batches"]["main"]["tokens"]
-            res["adaptspec"] = parse_metrics(res["adaptspec"])
-    return out
+    from adaptspec_vllm.run_engine import EngineRuns
+
+    return EngineRuns(tmp, "engines", engines, timeout=1200).results()
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,7 @@ AdaptiveScheduler starts its series afresh, as vLLM does its own).
 
 usage: python -m adaptspec_vllm.run_engine CONFIG.json OUT.json
 
-CONFIG: {"engines": [ENGINE, ...]} or a single ENGINE (then OUT is that engine's result, with
-        the tokens and seconds of its one batch at the top level, as it used to be).
+CONFIG: {"engines": [ENGINE, ...]}
 ENGINE: {"name", "model", "spec": {...}|null, "adaptive": bool, "env": {VAR: value},
          "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "executor",
          "repeats": int (the batches again: medians, and a warm-up),
@@ -20,7 +19,8 @@ BATCH: {"prompts": [[token ids]...], "max_tokens", "temperature" | "temperatures
 OUT: {"engines": {name: {"batches": {NAME: {"tokens", "seconds", "repeat_seconds"}},
                          "spec": {vllm:spec_decode_*}, "adaptspec": "adaptspec_* series (text)",
                          "error": null | "what stopped the engine", "wall_s"}}}
-An engine that fails to start records its error and the next one runs.
+An engine that fails to start records its error and the next one runs. Callers start it with
+`EngineRuns`.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ from __future__ import annotations
 import gc
 import json
 import os
+import subprocess
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 _BATCH_KEYS = ("prompts", "max_tokens", "temperature", "temperatures", "seed", "class", "classes")
@@ -161,16 +163,59 @@ def main() -> None:
     cfg = json.loads(open(sys.argv[1]).read())
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    if "engines" in cfg:
-        result: dict[str, Any] = {"engines": run_all(cfg["engines"])}
-    else:  # one engine, one batch: the result's fields at the top level
-        res = run_all([{"name": "engine", **cfg}])["engine"]
-        if res["error"]:
-            raise SystemExit(res["error"])
-        main_batch = res.pop("batches")["main"]
-        result = {**res, **main_batch}
     with open(sys.argv[2], "w") as f:
-        json.dump(result, f)
+        json.dump({"engines": run_all(cfg["engines"])}, f)
+
+
+class EngineRuns:
+    """The caller's side: `python -m adaptspec_vllm.run_engine` in a subprocess, started at
+    once, its output in `folder/label.log`. `results()` waits for it and gives each engine's
+    result with its part of the log (`log`), its series parsed (`adaptspec`, see
+    adaptspec.demo.parse_metrics) and its one batch's tokens (`tokens`) where it had one."""
+
+    def __init__(self, folder: Path, label: str, engines: list[dict[str, Any]],
+                 timeout: float = 900, env: dict[str, str] | None = None) -> None:
+        self.label, self.timeout = label, timeout
+        cfg_path, self.out_path = folder / f"{label}.json", folder / f"{label}.out.json"
+        self.log_path = folder / f"{label}.log"
+        cfg_path.write_text(json.dumps({"engines": engines}))
+        self._log = open(self.log_path, "w")
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "adaptspec_vllm.run_engine", str(cfg_path), str(self.out_path)],
+            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}, stdout=self._log,
+            stderr=subprocess.STDOUT)
+        self._results: dict[str, dict[str, Any]] | None = None
+
+    def results(self) -> dict[str, dict[str, Any]]:
+        from adaptspec.demo import parse_metrics
+
+        if self._results is None:
+            try:
+                code: int | str = self.proc.wait(
+                    timeout=max(1.0, self.timeout - (time.monotonic() - self.t0)))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                code = "timeout"
+            self._log.close()
+            log = self.log_path.read_text(errors="replace")
+            if code != 0:
+                raise RuntimeError(f"engines {self.label} failed ({code})\n{log[-5000:]}")
+            self._results = json.loads(self.out_path.read_text())["engines"]
+            for name, res in self._results.items():
+                # this engine's part of the shared log, between run_all's markers
+                part = log.split(f"run_engine: {name} starting", 1)[-1]
+                res["log"] = part.split(f"run_engine: {name} done", 1)[0]
+                if res["error"] is None:
+                    res["adaptspec"] = parse_metrics(res["adaptspec"])
+                    if "main" in res["batches"]:
+                        res["tokens"] = res["batches"]["main"]["tokens"]
+        return self._results
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import sysconfig
 import time
 import urllib.request
@@ -79,56 +78,6 @@ def code_prompts(tokenizer_json: str | Path, n: int, length: int = 48, skip: int
 
 
 # ------------------------------------------------------------------------------ engines
-
-
-class EngineJob:
-    """Offline engines one after another in one subprocess (adaptspec_vllm.run_engine, engine
-    core in-process), started at once; `result(name)` waits for the process."""
-
-    def __init__(self, folder: Path, label: str, engines: dict[str, tuple[dict, dict[str, str]]],
-                 timeout: float = 900) -> None:
-        self.label, self.timeout = label, timeout
-        cfg_path, self.out_path = folder / f"{label}.json", folder / f"{label}.out.json"
-        self.log_path = folder / f"{label}.log"
-        cfg_path.write_text(json.dumps({"engines": [
-            {"name": name, **cfg, "env": env} for name, (cfg, env) in engines.items()]}))
-        self._log = open(self.log_path, "w")
-        self.t0 = time.monotonic()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "adaptspec_vllm.run_engine", str(cfg_path), str(self.out_path)],
-            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}, stdout=self._log,
-            stderr=subprocess.STDOUT)
-        self._results: dict[str, dict] | None = None
-
-    def result(self, name: str) -> dict[str, Any]:
-        from adaptspec.demo import parse_metrics
-
-        if self._results is None:
-            try:
-                code = self.proc.wait(timeout=max(1.0, self.timeout -
-                                                  (time.monotonic() - self.t0)))
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                code = "timeout"
-            self._log.close()
-            log = self.log_path.read_text(errors="replace")
-            if code != 0:
-                raise AssertionError(f"engines {self.label} failed ({code})\n{log[-5000:]}")
-            self._results = json.loads(self.out_path.read_text())["engines"]
-            for n, res in self._results.items():
-                if res["error"]:
-                    raise AssertionError(f"engine {n} failed\n{res['error']}")
-                # this engine's part of the shared log, between run_engine's markers
-                part = log.split(f"run_engine: {n} starting", 1)[-1]
-                res["log"] = part.split(f"run_engine: {n} done", 1)[0]
-                res["adaptspec"] = parse_metrics(res["adaptspec"])
-        return self._results[name]
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def metric_sum(metrics: dict[str, dict], name: str, **labels: str) -> float:

@@ -25,7 +25,6 @@ from _rel import (
     LONG,
     N_SAMPLES,
     OURS_NGRAM,
-    EngineJob,
     Server,
     code_prompts,
     free_port,
@@ -81,15 +80,21 @@ class Engines:
 
     def __init__(self, groups: dict[str, dict[str, tuple[dict, dict[str, str]]]],
                  folder: Path) -> None:
-        self._jobs = {label: EngineJob(folder, label, specs) for label, specs in groups.items()}
+        from adaptspec_vllm.run_engine import EngineRuns
+
+        self._runs = {label: EngineRuns(folder, label, [
+            {"name": name, **cfg, "env": env} for name, (cfg, env) in specs.items()])
+            for label, specs in groups.items()}
         self._where = {name: label for label, specs in groups.items() for name in specs}
 
     def __getitem__(self, name: str) -> dict[str, Any]:
-        return self._jobs[self._where[name]].result(name)
+        res = self._runs[self._where[name]].results()[name]
+        assert res["error"] is None, f"engine {name} failed\n{res['error']}"
+        return res
 
     def close(self) -> None:
-        for job in self._jobs.values():
-            job.kill()
+        for run in self._runs.values():
+            run.kill()
 
 
 @pytest.fixture(scope="session")
