@@ -315,3 +315,26 @@ class RequestAcceptance:
         s, n = self._sn
         own = (s[slots] + self.shrinkage * level) / (n[slots] + self.shrinkage)
         return own / level
+
+
+def fit_compiled(estimator: AcceptanceEstimator, requests: RequestAcceptance,
+                 classes: np.ndarray, slots: np.ndarray, drafted: np.ndarray,
+                 accepted: np.ndarray) -> tuple[np.ndarray | None, int, int]:
+    """`estimator.partial_fit` and `requests.partial_fit` for one step in one compiled call
+    (adaptspec.fastpath.feedback; only where numba is installed), which also reads off what
+    the step-time model needs: two numpy reductions cost as much as the updates.
+
+    Returns (the records of `slots` as RequestAcceptance.partial_fit returns them, the sum
+    of `drafted`, the longest draft). Where nothing was drafted (longest 0) nothing is
+    learned and the records are None: the caller decays the class evidence instead.
+    """
+    decay = estimator.forgetting if estimator._has_evidence else 1.0
+    sn, spec_tokens, longest = fastpath.feedback(
+        estimator._ev, estimator.active, estimator.k_max, decay, classes, requests._sn, slots,
+        drafted, accepted, requests.k_max, requests.forgetting)
+    if longest <= 0:
+        return None, int(spec_tokens), 0
+    estimator.version = next(_VERSIONS)
+    estimator._has_evidence = True
+    requests.version = next(_VERSIONS)
+    return sn, int(spec_tokens), int(longest)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from adaptspec import fastpath
-from adaptspec.acceptance import AcceptanceEstimator, RequestAcceptance, feedback_keys
+from adaptspec.acceptance import AcceptanceEstimator, RequestAcceptance, feedback_keys, fit_compiled
 from adaptspec.cost import StepCostModel
 from adaptspec.policy import OTHER_CLASS, ClassPolicy, Policy
 
@@ -46,6 +46,7 @@ _TAB_MEAN = 7
 _ZERO, _ALPHA_CAP, _BIN_SCALE = np.array(0.0), np.array(0.995), np.array(float(_BINS - 1))
 _BIN_SHIFT = np.array(_BINS + 1)
 _NO_DRAWS = np.zeros((0, 1))
+_NO_HYST = np.zeros((0, 0), dtype=np.int64)
 # From this batch size on, the running product along the draft is one multiply per position
 # (see _running_product).
 _ROW_PRODUCT_MIN_BATCH = 96
@@ -390,29 +391,30 @@ class Controller:
         cls = batch.cls
         if self.policy.dynamic_classes:  # only the eviction of dynamic classes reads it
             self._class_last_used[cls] = self.steps
-        spec_tokens = None
+        spec_tokens, sn = None, None
         if drafted.tobytes() == batch.zeros:
             # Nothing drafted (speculation off, as under high load): found by comparing bytes,
             # a fraction of any numpy reduction's cost.
             longest = spec_tokens = 0
+        elif self.use_fastpath:
+            # Both updates and the step's totals in one compiled call; sn is None (nothing
+            # learned) where no draft was longer than 0.
+            sn, spec_tokens, longest = fit_compiled(self.estimator, self.requests, cls, slots,
+                                                    drafted, accepted)
         else:
             # (argmax: a ufunc reduction costs several times more for a few hundred integers)
             longest = max(int(drafted.flat[drafted.argmax()]), 0)
-        if longest and self.use_fastpath:
-            self.estimator.partial_fit(cls, drafted, accepted)  # (compiled, given no keys)
-            sn = self.requests.partial_fit(slots, drafted, accepted)
-        elif longest:
-            # Clip the feedback once for both estimators.
-            keys = feedback_keys(drafted, accepted, self.estimator.k_max)
-            if batch.class_offsets is None:
-                batch.class_offsets = cls * (self.estimator.k_max + 1) ** 2
-            self.estimator.partial_fit(cls, drafted, accepted, keys, batch.class_offsets)
-            sn = self.requests.partial_fit(slots, drafted, accepted, keys=keys)
-        else:
+            if longest:
+                # Clip the feedback once for both estimators.
+                keys = feedback_keys(drafted, accepted, self.estimator.k_max)
+                if batch.class_offsets is None:
+                    batch.class_offsets = cls * (self.estimator.k_max + 1) ** 2
+                self.estimator.partial_fit(cls, drafted, accepted, keys, batch.class_offsets)
+                sn = self.requests.partial_fit(slots, drafted, accepted, keys=keys)
+        if sn is None:
             # Nothing to learn but the decay of the class evidence; the request records stay as
             # they are.
             self.estimator.decay()
-            sn = None
         if step_time_s is not None and step_time_s > 0:
             self.last_step_ms = step_time_s * 1e3
             if spec_tokens is None:
@@ -431,6 +433,13 @@ class Controller:
         est = self.estimator
         kk, tab = self.k_max, self._cls_tab
         post = est.posterior_sums()  # [2 kk + 2, classes]: a, a + b, their sums
+        self._post = post  # (the spread rows need it)
+        self._tab_version = est.version
+        if self.use_fastpath:
+            # These rows and the spread rows in one call, instead of about ten.
+            fastpath.class_rows(post, tab, kk, _TAB_U, _TAB_MEAN, self._any_closed)
+            self._spread_version = self._tab_version
+            return
         n_cls = post.shape[1]
         mean = tab[_TAB_MEAN: _TAB_MEAN + kk, :n_cls]
         # (positional out=: a ufunc parses the keyword slower than it does this work)
@@ -445,8 +454,6 @@ class Controller:
         level = post[2 * kk] / post[2 * kk + 1]
         np.maximum(level, 1e-3, level)
         np.divide(tab[_TAB_OPEN, :n_cls], level, tab[_TAB_U, :n_cls])
-        self._post = post  # (the spread rows need it)
-        self._tab_version = est.version
 
     def _class_spread(self) -> None:
         """The spread rows: the standard deviation of each class's posterior per position
@@ -476,16 +483,18 @@ class Controller:
         if self._tab_version != self.estimator.version:
             self._class_table()
         version = self._tab_version
-        if batch.ct_version != version:
+        compiled = self._uniform and self.use_fastpath
+        # (the compiled decision reads the class table itself: it gathers once per batch)
+        if batch.ct_version != version and not (compiled and batch.kinds is not None):
             batch.ct = self._tab_rows.take(batch.cls, axis=1)
             batch.ct_version = version
             if batch.kinds is None:
                 batch.set_classes(self, batch.ct)
-        ct = batch.ct
         if not batch.any_open:
             return np.zeros(n, dtype=np.int64), batch.kinds.copy()  # no request may draft
-        if self._uniform and self.use_fastpath:
+        if compiled:
             return self._decide_compiled(slots, batch, sn)
+        ct = batch.ct
         # Increments without exploration: reused from the last step if neither the posteriors
         # nor these requests' records changed since (nothing drafted, nothing learned), and
         # kept once they have stayed the same for two steps in a row.
@@ -637,8 +646,9 @@ class Controller:
 
     def _decide_compiled(self, slots: np.ndarray, batch: _Batch,
                          sn: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """`_decide` for a uniform policy in one compiled call (adaptspec.fastpath): the same
-        random draws, arithmetic and rules, without the caches the numpy path needs."""
+        """`_decide` for a uniform policy in one compiled call (adaptspec.fastpath), hysteresis
+        included: the same random draws, arithmetic and rules, without the caches the numpy
+        path needs."""
         n, kk, p = batch.n, self.k_max, self.policy
         if sn is None:
             sn = self.requests.records(slots)
@@ -653,26 +663,23 @@ class Controller:
         else:
             explore, z = np.zeros(n, dtype=bool), _NO_DRAWS
         limit_factor = 1.0 + p.latency_critical_slack if batch.any_latency_critical else 0.0
+        if p.hysteresis_steps > 1:
+            hyst = np.empty((2, n), dtype=np.int64)
+            hyst[0] = self._hyst_state(slots, batch)
+        else:
+            hyst = _NO_HYST
         inc = batch.weights[1]
         ks = np.empty(n, dtype=np.int64)
-        wanted = np.empty(n, dtype=np.int64)
+        kinds = batch.kinds.copy()
         cost = self.cost
-        best, best_free, t_best = fastpath.decide_uniform(
-            sn, batch.ct, _TAB_U, _TAB_MEAN, kk, explore, self._tab_draw, batch.cls, z,
-            float(_ALPHA_CAP), _BINS, cost.coef, cost.knee, limit_factor,
-            batch.slo_ms if self._any_slo else np.inf, cost.floor_free, inc, ks, wanted)
+        best, t_best = fastpath.decide_uniform(
+            sn, self._cls_tab, batch.cls, _TAB_U, _TAB_MEAN, kk, explore, z, float(_ALPHA_CAP),
+            _BINS, cost.coef, cost.knee, limit_factor, batch.slo_ms if self._any_slo else np.inf,
+            cost.floor_free, hyst, self._hyst_next, self._hyst_k, inc, ks, kinds)
+        if hyst.size:
+            self._keep_hyst_state(slots, batch, hyst[1])
         self.last_predicted_ms = float(t_best)
         self._last_cut = (slots, inc, self._thresholds[best], None)
-        if p.hysteresis_steps > 1:
-            # (as in _decide: hysteresis runs on the plan wanted without this step's limit)
-            wanted = self._hold_increases(slots, ks if best_free == best else wanted, batch)
-            if best_free == best:
-                ks = wanted
-            elif best:
-                ks = np.minimum(ks, wanted)
-        kinds = batch.kinds.copy()
-        if best:
-            kinds[ks > 0] = 0
         return ks, kinds
 
     def cut(self, slots: np.ndarray, lengths: np.ndarray, confidence: np.ndarray) -> np.ndarray:
@@ -738,20 +745,28 @@ class Controller:
         Decreases apply at once: over-speculating is the costly mistake, and the latency limits
         computed for this step must hold. A jump of 2 or more is a real change, not noise.
         """
+        # (a new array: a fault below must leave the stored states as they were)
+        state = self._hyst_next.take(self._hyst_state(slots, batch) + ks)
+        self._keep_hyst_state(slots, batch, state)
+        return self._hyst_k.take(state)
+
+    def _hyst_state(self, slots: np.ndarray, batch: _Batch | None) -> np.ndarray:
+        """The hysteresis states of `slots` (read only: the live batch's own array)."""
         live = batch is not None and batch is self._live
         if live and batch.hyst is not None:
-            state = batch.hyst + ks  # (not in place: a fault below must leave it as it was)
-        else:
-            if not live:
-                self._flush_live()
-            state = self._hyst.take(slots)
-            np.add(state, ks, state)
-        state = self._hyst_next.take(state)
-        if live and batch.steps_live and batch.unique_slots():
-            batch.hyst = state  # a running batch keeps it (see _flush_live)
+            return batch.hyst
+        if not live:
+            self._flush_live()
+        return self._hyst.take(slots)
+
+    def _keep_hyst_state(self, slots: np.ndarray, batch: _Batch | None,
+                         state: np.ndarray) -> None:
+        """Store the next hysteresis states of `slots`: a running batch keeps them (see
+        _flush_live)."""
+        if batch is not None and batch is self._live and batch.steps_live and batch.unique_slots():
+            batch.hyst = state
         else:
             self._hyst[slots] = state
-        return self._hyst_k.take(state)
 
     def _fallback(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         try:
