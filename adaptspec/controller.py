@@ -134,8 +134,9 @@ class Controller:
         self.req_id_of = [""] * cap
 
         self.cost = StepCostModel(policy.cost_model)
-        # Compiled feedback and decisions (adaptspec.fastpath) where numba is installed (the
-        # decision for uniform policies); False forces the numpy path (tests compare the two).
+        # Compiled feedback, class table and decisions (adaptspec.fastpath) where numba is
+        # installed (the decision for uniform policies); False forces the numpy path (tests
+        # compare the two).
         self.use_fastpath = fastpath.AVAILABLE
         if self.use_fastpath:
             fastpath.warm_up()
@@ -170,7 +171,8 @@ class Controller:
 
     @property
     def use_fastpath(self) -> bool:
-        """Whether feedback and (uniform-policy) decisions run compiled (adaptspec.fastpath)."""
+        """Whether feedback, the class table and (uniform-policy) decisions run compiled
+        (adaptspec.fastpath)."""
         return self._fast
 
     @use_fastpath.setter
