@@ -65,13 +65,17 @@ class Sizes:
     max_model_len: int
     ngram_k: tuple[int, ...] = (2, 4, 8)
     draft_k: tuple[int, ...] = (2, 4)
+    ours: bool = True  # also adaptspec over our own n-gram proposer (custom_class)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-# Sized so that the full run (10 servers, 1.5B target in float32 on 2 CPU cores, ~1.5-3 tokens/s
-# per request) fits in an hour: few requests per class, so per-class rows are indicative.
+# Sized so that the full run (8 servers: none, vLLM ngram K=2/4/8, draft K=2/4, adaptspec over
+# ngram and over draft_model; 1.5B target in float32 on 2 CPU cores, ~1.1-2.3 tokens/s in all)
+# fits in an hour: few requests per class, so per-class rows are indicative. On CPU a prompt
+# token costs about as much as a request's decode step, so the story excerpts are kept short:
+# with 900 characters, prefill was 75% of the c=16 cell's time (run of 2026-11-25).
 FULL = Sizes(concurrency=(1, 4, 16), requests={1: 4, 4: 8, 16: 16}, max_tokens=32,
-             interactive_tokens=16, excerpt_chars=900, max_model_len=2048)
+             interactive_tokens=16, excerpt_chars=400, max_model_len=2048, ours=False)
 QUICK = Sizes(concurrency=(1, 4, 16), requests={1: 8, 4: 16, 16: 32}, max_tokens=48,
               interactive_tokens=24, excerpt_chars=500, max_model_len=1024)
 
@@ -90,10 +94,11 @@ def make_configs(draft: str, sizes: Sizes) -> list[Config]:
         Config("adaptspec_draft", {"method": "draft_model", "model": draft,
                                    "num_speculative_tokens": max(sizes.draft_k)},
                adaptive=True, family="draft_model"),
-        Config("adaptspec_ours", {"method": "custom_class", "model": OURS_NGRAM,
-                                  "num_speculative_tokens": max(sizes.ngram_k)},
-               adaptive=True, family="ours"),
     ]
+    if sizes.ours:
+        out.append(Config("adaptspec_ours", {"method": "custom_class", "model": OURS_NGRAM,
+                                             "num_speculative_tokens": max(sizes.ngram_k)},
+                          adaptive=True, family="ours"))
     return out
 
 
@@ -273,23 +278,26 @@ def run_cell(server: Server, stream: list[workload.Request], prompts: dict[str, 
     before = server.metrics()
     progress = Progress(label, len(stream))
 
-    def one(req: workload.Request) -> tuple[workload.Request, StreamResult]:
+    def one(req: workload.Request) -> tuple[workload.Request, float, StreamResult]:
+        start = time.perf_counter() - t0
         res = stream_completion(server.port, _body(req, prompts[req.id]), timeout=1800)
         progress.tick()
-        return req, res
+        return req, start, res
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(one, stream))
     wall = time.perf_counter() - t0
     after = server.metrics()
-    errors = [f"{r.id}: {res.error}" for r, res in results if res.error]
+    errors = [f"{r.id}: {res.error}" for r, _, res in results if res.error]
     return {
         "wall_s": wall,
         "errors": errors,
+        # start: seconds from the cell's start; chunk_times: from the request's own start
         "requests": [{"id": r.id, "cls": r.cls, "temperature": r.temperature,
-                      "tokens": res.tokens, "chunk_times": [round(t, 5) for t in res.chunk_times],
-                      "chunk_tokens": res.chunk_tokens} for r, res in results],
+                      "start": round(start, 5), "tokens": res.tokens,
+                      "chunk_times": [round(t, 5) for t in res.chunk_times],
+                      "chunk_tokens": res.chunk_tokens} for r, start, res in results],
         "k_hist_before": _k_histogram(before), "k_hist_after": _k_histogram(after),
         "spec_before": _spec_counters(before), "spec_after": _spec_counters(after),
         "class_before": _class_counters(before), "class_after": _class_counters(after),
@@ -297,6 +305,15 @@ def run_cell(server: Server, stream: list[workload.Request], prompts: dict[str, 
 
 
 # ------------------------------------------------------------------------------ summaries
+
+
+def _union_length(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -310,19 +327,25 @@ def _pct(xs: list[float], q: float) -> float:
 def summarize_cell(cell: dict[str, Any], static_k: int | None) -> dict[str, Any]:
     """Throughput, and per class TTFT, ITL, acceptance length and K distribution."""
     per: dict[str, dict[str, list[float]]] = {}
-    total_tokens = 0
+    total_tokens = prompt_tokens = 0
     decode_s = 0.0  # time requests spent decoding (first chunk to last), summed
     decode_tokens = 0  # tokens after each request's first chunk
     gaps_ms: list[float] = []
+    spans: list[tuple[float, float]] = []  # each request's decode, in the cell's clock
     for r in cell["requests"]:
         total_tokens += len(r["tokens"])
-        d = per.setdefault(r["cls"], {"ttft": [], "itl": [], "step_tokens": [], "tokens": []})
+        prompt_tokens += r.get("prompt_tokens", 0)
+        d = per.setdefault(r["cls"], {"ttft": [], "itl": [], "step_tokens": [], "tokens": [],
+                                      "prompt": []})
+        d["prompt"].append(r.get("prompt_tokens", 0))
         times, toks = r["chunk_times"], r["chunk_tokens"]
         if not times:
             continue
         d["ttft"].append(times[0] * 1e3)
         d["tokens"].append(len(r["tokens"]))
         decode_s += times[-1] - times[0]
+        if "start" in r:
+            spans.append((r["start"] + times[0], r["start"] + times[-1]))
         for i in range(1, len(times)):
             gap = (times[i] - times[i - 1]) * 1e3
             gaps_ms.append(gap)
@@ -335,6 +358,7 @@ def summarize_cell(cell: dict[str, Any], static_k: int | None) -> dict[str, Any]
     for cls, d in sorted(per.items()):
         row = {
             "requests": len(d["tokens"]),
+            "prompt_tokens_mean": statistics.fmean(d["prompt"]),
             "ttft_mean_ms": statistics.fmean(d["ttft"]) if d["ttft"] else float("nan"),
             "ttft_p99_ms": _pct(d["ttft"], 99),
             "itl_mean_ms": statistics.fmean(d["itl"]) if d["itl"] else float("nan"),
@@ -378,7 +402,15 @@ def summarize_cell(cell: dict[str, Any], static_k: int | None) -> dict[str, Any]
         "request_steps": len(gaps_ms),
         "decode_tokens": decode_tokens,
         "step_ms_mean": statistics.fmean(gaps_ms) if gaps_ms else float("nan"),
+        # (a gap that spans another request's prefill is long: the median is the decode step)
+        "step_ms_median": statistics.median(gaps_ms) if gaps_ms else float("nan"),
+        "prompt_tokens": prompt_tokens,
         "mean_batch": decode_s / cell["wall_s"],
+        # The time some request was decoding, and the batch then: the rest of the wall time
+        # went to prefills that no decode overlapped (all of a wave's prompts at once).
+        "decode_busy_s": _union_length(spans),
+        "decode_batch": decode_s / _union_length(spans) if spans and _union_length(spans)
+        else float("nan"),
         "vllm_drafts": drafts,
         "vllm_draft_tokens": draft_tokens,
         "vllm_accepted_tokens": acc,
@@ -560,6 +592,8 @@ def run(args: argparse.Namespace) -> int:
         sizes.requests = {c: args.requests * c if c > 1 else args.requests
                           for c in sizes.concurrency}
     target, draft, label = _models(args.quick, args.target, args.draft)
+    if args.configs and "adaptspec_ours" in args.configs:
+        sizes.ours = True
     configs = make_configs(draft, sizes)
     if args.configs:
         keep = set(args.configs) | {"none"}
@@ -582,6 +616,9 @@ def run(args: argparse.Namespace) -> int:
     warmup = workload.make_stream(prompts_by_class, 2, seed=10_000, max_tokens=8,
                                   interactive_tokens=8)
     rendered.update({r.id: workload.render(tok, r.prompt) for r in warmup})
+    # Prompt lengths, for the simulator's prefill cost (adaptspec.calibrate).
+    prompt_tokens = {rid: (len(tok(text, add_special_tokens=False)["input_ids"]) if tok
+                           else len(text.split())) for rid, text in rendered.items()}
 
     print(f"adaptspec bench: {label}; {len(configs)} configurations x concurrency "
           f"{list(sizes.concurrency)}; requests {sizes.requests}; {sizes.max_tokens} tokens "
@@ -607,6 +644,8 @@ def run(args: argparse.Namespace) -> int:
             for c in sizes.concurrency:
                 cells[cfg.name][c] = run_cell(server, streams[c], rendered, c,
                                               f"{cfg.name} c={c}")
+                for r in cells[cfg.name][c]["requests"]:
+                    r["prompt_tokens"] = prompt_tokens[r["id"]]
             samples = sampler.stop()
             if cfg.adaptive:
                 timeline[cfg.name] = samples

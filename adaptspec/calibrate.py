@@ -43,7 +43,10 @@ GPU_LOADS = (1, 4, 16, 64, 256)
 # Coefficients the fit sets, in the order of _features' columns; the rest of the cpu preset
 # (knee 1: no hinge) is kept.
 FITTED = ("base_ms", "per_request_ms", "per_draft_token_ms", "spec_overhead_ms",
-          "per_draft_position_ms")
+          "per_draft_position_ms", "over_knee_ms")
+# Knees tried (tokens verified per step where extra tokens start to cost more): below it a CPU
+# decode step streams the weights once whatever the tokens (memory-bound), above it computes.
+KNEES = (2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0)
 
 
 def _family(cfg: dict[str, Any]) -> str:
@@ -69,8 +72,18 @@ def _expected_max(dist: dict[str, float], batch: float) -> float:
     return out
 
 
+def _num(s: dict[str, Any], key: str, default: float) -> float:
+    v = s.get(key)
+    return float(v) if v is not None and math.isfinite(float(v)) else default
+
+
 def observations(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (configuration, concurrency) of a bench.json: what the fit needs."""
+    """One row per (configuration, concurrency) of a bench.json: what the fit needs.
+
+    step_ms is the median gap between two outputs of a request (a gap that spans another
+    request's prefill is an outlier, not a decode step); batch is the number of requests
+    decoding while any was; engine_steps the decode steps the cell took; other_s the rest of its
+    wall time (prompts prefilled while nothing decoded, start and end of the stream)."""
     rows = []
     for cfg in result["configs"]:
         fam = _family(cfg)
@@ -79,7 +92,7 @@ def observations(result: dict[str, Any]) -> list[dict[str, Any]]:
         for c, s in result["summary"][cfg["name"]].items():
             if not s.get("request_steps"):
                 continue
-            batch = max(float(s["mean_batch"]), 1.0)
+            batch = max(_num(s, "decode_batch", float(s["mean_batch"])), 1.0)
             steps = s["request_steps"] / batch  # engine steps
             spec = s["vllm_draft_tokens"] / steps if steps else 0.0
             if static_k is not None:
@@ -92,47 +105,99 @@ def observations(result: dict[str, Any]) -> list[dict[str, Any]]:
                 max_k = _expected_max(dist, batch)
             else:
                 max_k = 0.0
+            step_ms = _num(s, "step_ms_median", float(s["step_ms_mean"]))
+            wall = _num(s, "wall_s", 0.0)
             rows.append({
                 "config": cfg["name"], "family": fam, "adaptive": bool(cfg["adaptive"]),
                 "static_k": static_k, "concurrency": int(c), "batch": batch,
-                "step_ms": float(s["step_ms_mean"]), "spec_tokens": spec, "max_k": max_k,
+                "step_ms": step_ms, "spec_tokens": spec, "max_k": max_k,
                 "tokens_per_request_step": s["decode_tokens"] / s["request_steps"],
-                "tok_per_s": float(s["tok_per_s"]),
+                "tok_per_s": float(s["tok_per_s"]), "engine_steps": steps,
+                "other_s": max(wall - steps * step_ms / 1e3, 0.0) if wall else 0.0,
+                "draft_rate": min(s.get("vllm_drafts", 0.0) / s["request_steps"], 1.0),
             })
     return rows
 
 
-def _features(rows: list[dict[str, Any]]) -> np.ndarray:
-    """[n, 5]: 1, B, S, S > 0, maxK for a draft model (it runs maxK passes), in FITTED order."""
-    return np.array([[1.0, r["batch"], r["spec_tokens"], float(r["spec_tokens"] > 0),
-                      r["max_k"] if r["family"] == "draft_model" else 0.0] for r in rows])
+def _features(rows: list[dict[str, Any]], knee: float = 1.0) -> np.ndarray:
+    """[n, 6]: 1, B, S, drafter on, maxK for a draft model, max(0, B + S - knee), in FITTED
+    order. A draft model runs
+    its first pass every step, even when nothing is drafted (it keeps the draft's KV cache in
+    step with the target; adaptspec sets vLLM's per-step draft count to the longest K), then
+    one pass per further position."""
+    return np.array([[1.0, r["batch"], r["spec_tokens"],
+                      float(r["spec_tokens"] > 0 or r["family"] == "draft_model"),
+                      r["max_k"] if r["family"] == "draft_model" else 0.0,
+                      max(0.0, r["batch"] + r["spec_tokens"] - knee)] for r in rows])
 
 
 def fit_cost(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Non-negative least squares in relative error on the cells without adaptspec."""
+    """Non-negative least squares in relative error on the cells without adaptspec; then with a
+    hinge at each knee of KNEES, kept where it cuts the squared error by a tenth or more (a
+    hinge below every measured batch is a copy of the other features)."""
     from sklearn.linear_model import LinearRegression
 
     train = [r for r in rows if not r["adaptive"]]
     if len(train) < 2:
         raise ValueError("calibration needs at least two measured cells without adaptspec")
-    x = _features(train)
     y = np.array([r["step_ms"] for r in train])
     w = 1.0 / y  # relative error: divide each row by its own time
-    reg = LinearRegression(fit_intercept=False, positive=True).fit(x * w[:, None], y * w)
-    coef = reg.coef_
-    return {k: float(v) for k, v in zip(FITTED, coef, strict=True)}
+
+    def fit(knee: float) -> tuple[float, dict[str, float]]:
+        x = _features(train, knee)
+        if not math.isfinite(knee):
+            x[:, -1] = 0.0
+        reg = LinearRegression(fit_intercept=False, positive=True).fit(x * w[:, None], y * w)
+        coef = {k: float(v) for k, v in zip(FITTED, reg.coef_, strict=True)}
+        return float(np.sum(((x @ reg.coef_) * w - 1.0) ** 2)), {**coef, "knee_tokens": knee}
+
+    err, best = fit(math.inf)
+    best = {**best, "knee_tokens": KNEES[-1], "over_knee_ms": 0.0}
+    bar = 0.9 * err
+    for knee in KNEES:
+        e, coef = fit(knee)
+        if e < bar:
+            bar, best = e, coef
+    return best
 
 
 def predict_step_ms(cost: dict[str, float], rows: list[dict[str, Any]]) -> np.ndarray:
-    return _features(rows) @ np.array([cost[k] for k in FITTED])
+    return _features(rows, cost.get("knee_tokens", 1.0)) @ np.array(
+        [cost.get(k, 0.0) for k in FITTED])
+
+
+def _reference_rows(rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+    """Per (family, concurrency) the cell the family's fits come from: none's own, and for a
+    proposer family its static run with the largest K."""
+    ref: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in rows:
+        if r["adaptive"]:
+            continue
+        key = (r["family"], r["concurrency"])
+        if key not in ref or (r["static_k"] or 0) > (ref[key]["static_k"] or 0):
+            ref[key] = r
+    return ref
+
+
+def _other_s(ref: dict[tuple[str, int], dict[str, Any]], r: dict[str, Any]) -> float:
+    """Time of a cell outside decode steps, as measured on its family's reference cell:
+    prefill does not depend on K, but a draft model prefills the prompt too."""
+    cell = ref.get((r["family"], r["concurrency"])) or ref.get(("none", r["concurrency"]))
+    return cell["other_s"] if cell else 0.0
 
 
 def step_time_check(rows: list[dict[str, Any]], cost: dict[str, float]) -> list[dict[str, Any]]:
-    """Per cell: predicted and measured throughput ratio to no speculation."""
+    """Per cell: predicted and measured throughput ratio to no speculation. A cell's predicted
+    wall time is its engine steps times the predicted step time, plus the time outside decode
+    steps of its family's reference cell."""
     pred_ms = predict_step_ms(cost, rows)
+    ref = _reference_rows(rows)
     pred_tps = {}
     for r, t in zip(rows, pred_ms, strict=True):
-        pred_tps[(r["config"], r["concurrency"])] = r["batch"] * r["tokens_per_request_step"] / t
+        decode_tps = r["batch"] * r["tokens_per_request_step"] / t * 1e3
+        tokens = r["engine_steps"] * r["batch"] * r["tokens_per_request_step"]
+        pred_tps[(r["config"], r["concurrency"])] = tokens / (
+            tokens / decode_tps + _other_s(ref, r))
     out = []
     for r, t in zip(rows, pred_ms, strict=True):
         key0 = ("none", r["concurrency"])
@@ -168,9 +233,12 @@ def alpha_from_length(length: float, k: int) -> float:
     return (lo + hi) / 2
 
 
-def class_acceptance(result: dict[str, Any], family: str) -> tuple[dict[str, float], str] | None:
+def class_acceptance(result: dict[str, Any], family: str
+                     ) -> tuple[dict[str, float], str, float] | None:
     """Per-class alpha of a proposer family, from its static run with the largest K (tokens per
-    step per class, pooled over concurrencies by request count)."""
+    step per class, pooled over concurrencies by request count), and the share of request-steps
+    that had a draft at all (vLLM's n-gram drafts nothing where it finds no match). alpha is
+    the acceptance given a draft: tokens per step = 1 + rate * (E_K(alpha) - 1)."""
     statics = [c for c in result["configs"]
                if _family(c) == family and not c["adaptive"] and c["spec"] is not None]
     if not statics:
@@ -179,12 +247,18 @@ def class_acceptance(result: dict[str, Any], family: str) -> tuple[dict[str, flo
     k = cfg["spec"]["num_speculative_tokens"]
     num: dict[str, float] = {}
     den: dict[str, float] = {}
+    drafts = steps = 0.0
     for s in result["summary"][cfg["name"]].values():
+        drafts += s.get("vllm_drafts", 0.0)
+        steps += s.get("request_steps", 0.0)
         for cls, row in s["classes"].items():
             if math.isfinite(row.get("acceptance_length", float("nan"))):
                 num[cls] = num.get(cls, 0.0) + row["acceptance_length"] * row["requests"]
                 den[cls] = den.get(cls, 0.0) + row["requests"]
-    return {cls: alpha_from_length(num[cls] / den[cls], k) for cls in num}, cfg["name"]
+    # (a summary without draft counts: every step drafted, as a draft model does)
+    rate = min(drafts / steps, 1.0) if drafts > 0 and steps > 0 else 1.0
+    return ({cls: alpha_from_length(1.0 + (num[cls] / den[cls] - 1.0) / rate, k)
+             for cls in num}, cfg["name"], rate)
 
 
 def _class_mix(result: dict[str, Any]) -> dict[str, float]:
@@ -196,11 +270,23 @@ def _class_mix(result: dict[str, Any]) -> dict[str, float]:
     return {cls: n / total for cls, n in sorted(counts.items())}
 
 
+def _drafter_cost(cost: CostModel, family: str, k: int) -> CostModel:
+    """The cost of a configuration whose proposer may draft up to k tokens. A draft model's
+    fixed cost (its first pass) is paid every step, whatever is drafted: folded into the base;
+    its further passes cost per position of the longest draft. An n-gram proposer costs
+    nothing per position."""
+    if family != "draft_model" or k == 0:
+        return cost.model_copy(update={"per_draft_position_ms": 0.0})
+    return cost.model_copy(update={"base_ms": cost.base_ms + cost.spec_overhead_ms,
+                                   "spec_overhead_ms": 0.0})
+
+
 def simulate_family(result: dict[str, Any], alphas: dict[str, float],
                     cost: CostModel, policy: Policy, loads: list[int], ks: list[int],
-                    seed: int = 0) -> dict[str, dict[int, float]]:
-    """Tokens/s of none, static K (every class, latency-critical too, as vLLM does) and the
-    adaptspec controller on the benchmark's class mix, per load."""
+                    seed: int = 0, family: str = "ngram", draft_rate: float = 1.0,
+                    ) -> dict[str, dict[int, float]]:
+    """Decode tokens/s of none, static K (every class, latency-critical too, as vLLM does) and
+    the adaptspec controller (K up to max(ks)) on the benchmark's class mix, per load."""
     mix = _class_mix(result)
     names = list(mix)
     sizes = result["sizes"]
@@ -218,19 +304,25 @@ def simulate_family(result: dict[str, Any], alphas: dict[str, float],
                            for c in cls], dtype=np.int64)
         alpha = np.array([alphas.get(names[c], 0.0) for c in cls])[:, None] * np.ones(width)
         coins = rng.random((n, int(length.max()) + width), dtype=np.float32)
-        stream = sim.Stream(names, cls, length, alpha, coins)
+        avail = None
+        if draft_rate < 1.0:
+            avail = rng.random(coins.shape) < draft_rate
+        stream = sim.Stream(names, cls, length, alpha, coins, avail=avail)
         noise = rng.lognormal(-sim.STEP_NOISE ** 2 / 2, sim.STEP_NOISE, 4096)
         n_done = n - conc
         # vLLM's static K drafts for every request, latency-critical ones too.
         no_lc = np.zeros(len(names), dtype=bool)
-        choosers: dict[str, sim.Chooser] = {
-            "none": sim.FixedK(stream, np.zeros(len(names)), no_lc, cost, conc)}
+        runs: dict[str, tuple[sim.Chooser, CostModel]] = {
+            "none": (sim.FixedK(stream, np.zeros(len(names)), no_lc, cost, conc),
+                     _drafter_cost(cost, family, 0))}
         for k in ks:
-            choosers[f"static_{k}"] = sim.FixedK(stream, np.full(len(names), k), no_lc, cost,
-                                                 conc)
-        choosers["adaptive"] = sim.Adaptive(policy, stream, conc, seed)
-        for name, chooser in choosers.items():
-            run = sim.simulate(stream, conc, n_done, cost, noise, chooser)
+            c_k = _drafter_cost(cost, family, k)
+            runs[f"static_{k}"] = (sim.FixedK(stream, np.full(len(names), k), no_lc, c_k, conc),
+                                   c_k)
+        runs["adaptive"] = (sim.Adaptive(policy, stream, conc, seed),
+                            _drafter_cost(cost, family, max(ks)))
+        for name, (chooser, c_run) in runs.items():
+            run = sim.simulate(stream, conc, n_done, c_run, noise, chooser)
             out.setdefault(name, {})[conc] = run.tokens_per_s
     return out
 
@@ -264,27 +356,34 @@ def calibrate(result: dict[str, Any], policy: Policy | None = None, seed: int = 
     sim_cells, families = [], {}
     gpu: dict[str, Any] = {}
     gpu_cost = CostModel(preset="gpu")
+    ref = _reference_rows(rows)
+    by_cell = {(r["config"], r["concurrency"]): r for r in rows}
     for family in ("draft_model", "ngram"):
         fit = class_acceptance(result, family)
         if fit is None:
             continue
-        alphas, source = fit
+        alphas, source, rate = fit
         ks = sorted(c["spec"]["num_speculative_tokens"] for c in result["configs"]
                     if _family(c) == family and not c["adaptive"] and c["spec"] is not None)
-        # A draft model runs a pass per draft position: its own cost is per position.
-        fam_cost = cpu if family == "draft_model" else cpu.model_copy(
-            update={"per_draft_position_ms": 0.0})
-        tps = simulate_family(result, alphas, fam_cost, policy, loads, ks, seed)
+        fam_policy = policy.model_copy(update={"k_max": min(policy.k_max, max(ks))})
+        tps = simulate_family(result, alphas, cpu, fam_policy, loads, ks, seed, family, rate)
         families[family] = {"alpha": {c: round(a, 4) for c, a in alphas.items()},
-                            "alpha_from": source}
+                            "alpha_from": source, "draft_rate": round(rate, 4)}
         for conc in loads:
-            none_meas = result["summary"]["none"][str(conc)]["tok_per_s"]
+            none = by_cell.get(("none", conc))
+            if none is None:
+                continue
+            # The simulator gives decode throughput; the measured ratio also counts the time
+            # outside decode steps (prefill), taken from none's and the family's reference cell.
+            decode_none = none["engine_steps"] * none["step_ms"] / 1e3
+            fam_other = _other_s(ref, {"family": family, "concurrency": conc})
             for sim_name, real in ([(f"static_{k}", _static_name(result, family, k)) for k in ks]
                                    + [("adaptive", _adaptive_name(result, family))]):
-                if real is None:
+                if real is None or (real, conc) not in by_cell:
                     continue
-                measured = result["summary"][real][str(conc)]["tok_per_s"] / none_meas
-                predicted = tps[sim_name][conc] / tps["none"][conc]
+                measured = by_cell[(real, conc)]["tok_per_s"] / none["tok_per_s"]
+                wall = fam_other + decode_none * tps["none"][conc] / tps[sim_name][conc]
+                predicted = (none["other_s"] + decode_none) / wall
                 sim_cells.append({"config": real, "concurrency": conc,
                                   "in_fit": real == source,
                                   "measured_over_none": round(measured, 4),
@@ -292,8 +391,8 @@ def calibrate(result: dict[str, Any], policy: Policy | None = None, seed: int = 
                                   "error": round(predicted / measured - 1.0, 4)})
         # A GPU deployment sets its cost prior to its hardware (cost_model.preset: gpu).
         g = simulate_family(result, alphas, gpu_cost,
-                            sim.controller_policy(policy, "gpu", "engine"), list(GPU_LOADS),
-                            ks, seed)
+                            sim.controller_policy(fam_policy, "gpu", "engine"),
+                            list(GPU_LOADS), ks, seed, family, rate)
         gpu[family] = {
             "tokens_per_s": {name: {str(n): round(v, 2) for n, v in by.items()}
                              for name, by in g.items()},

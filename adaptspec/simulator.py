@@ -100,13 +100,18 @@ WORKLOADS: dict[str, tuple[ClassSpec, ...]] = {
 @dataclass
 class Stream:
     """The requests of one load, in arrival order. alpha: [n, width] true conditional acceptance
-    per draft position; coins: [n, max_len + width] uniforms per output position."""
+    per draft position; coins: [n, max_len + width] uniforms per output position.
+
+    avail [n, max_len + width], optional: False where the proposer has no draft at that output
+    position, as vLLM's n-gram where it finds no match: nothing is drafted or verified, whatever
+    K was asked (adaptspec.calibrate fits the share to a measured engine)."""
 
     names: list[str]
     cls: np.ndarray
     length: np.ndarray
     alpha: np.ndarray
     coins: np.ndarray
+    avail: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -318,6 +323,8 @@ def simulate(stream: Stream, concurrency: int, n_done: int, cost: CostModel,
     log_cls, log_gap, log_n = [], [], []
     while done < n_done:
         ks = np.asarray(chooser.choose(reqs, drafted, accepted, last_ms), dtype=np.int64)
+        if stream.avail is not None:
+            ks = ks * stream.avail[reqs, pos]
         k_top = int(ks.max(initial=0))
         if k_top > 0:
             cols = np.arange(k_top)

@@ -53,6 +53,21 @@ def test_summary_records_what_calibration_fits() -> None:
     assert (s["vllm_drafts"], s["vllm_draft_tokens"], s["vllm_accepted_tokens"]) == (4, 8, 2)
 
 
+def test_summary_separates_decode_time_from_unoverlapped_prefill() -> None:
+    # both sent at 0; a decodes 1.0-2.0 s, b 1.5-3.0 s: 2.0 s of decoding, 1.0 s of prefill
+    # before any decode; the decode gaps 0.5 s, 0.5 s and 1.5 s (b's gap spans a's prefill)
+    a = {**_req("a", "code", list(range(3)), [1.0, 1.5, 2.0], [1, 1, 1]),
+         "start": 0.0, "prompt_tokens": 30}
+    b = {**_req("b", "chat", list(range(2)), [1.5, 3.0], [1, 1]), "start": 0.0,
+         "prompt_tokens": 10}
+    s = bench.summarize_cell(_cell([a, b], wall=3.0), static_k=None)
+    assert s["decode_busy_s"] == pytest.approx(2.0)
+    assert s["decode_batch"] == pytest.approx((1.0 + 1.5) / 2.0)
+    assert s["step_ms_median"] == pytest.approx(500.0)
+    assert s["prompt_tokens"] == 40
+    assert s["classes"]["code"]["prompt_tokens_mean"] == 30
+
+
 def test_adaptive_k_distribution_comes_from_histogram_deltas() -> None:
     cell = _cell([_req("a", "code", [1, 2], [0.1, 0.2], [1, 1])])
     cell["k_hist_before"] = {"code": {"0.5": 1.0, "1.5": 1.0, "2.5": 2.0, "+Inf": 2.0}}

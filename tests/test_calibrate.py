@@ -18,17 +18,23 @@ def _expected_tokens(alpha: float, k: int) -> float:
     return sum(alpha ** i for i in range(k + 1))
 
 
-def _cell(cfg: dict, conc: int, k_by_class: dict[str, int]) -> dict:
-    """A summary cell as `adaptspec bench` writes it, from the true curve and acceptance."""
+def _cell(cfg: dict, conc: int, k_by_class: dict[str, int], rate: float = 1.0,
+          prefill_s: float = 0.0) -> dict:
+    """A summary cell as `adaptspec bench` writes it, from the true curve and acceptance. An
+    n-gram proposer has a draft at a share `rate` of request-steps; prefill_s is the cell's time
+    outside decode steps."""
     family = calibrate._family(cfg)
+    rate = rate if family == "ngram" else 1.0
     reqs = {"code": 2 * conc, "chat": 2 * conc, "interactive": conc}
     total = sum(reqs.values())
     # request-steps per class from the tokens each class needs
     length = {cls: (16 if cls == "interactive" else 32) for cls in reqs}
-    tps_class = {cls: _expected_tokens(CLASSES[cls], k_by_class[cls]) for cls in reqs}
+    tps_class = {cls: 1 + rate * (_expected_tokens(CLASSES[cls], k_by_class[cls]) - 1)
+                 for cls in reqs}
     steps_class = {cls: reqs[cls] * (length[cls] - 1) / tps_class[cls] for cls in reqs}
     request_steps = sum(steps_class.values())
-    draft_tokens = sum(steps_class[c] * k_by_class[c] for c in reqs)
+    draft_tokens = rate * sum(steps_class[c] * k_by_class[c] for c in reqs)
+    drafts = rate * sum(steps_class[c] for c in reqs if k_by_class[c])
     batch = float(conc)
     engine_steps = request_steps / batch
     spec = draft_tokens / engine_steps
@@ -37,9 +43,9 @@ def _cell(cfg: dict, conc: int, k_by_class: dict[str, int]) -> dict:
     if cfg["adaptive"]:  # requests of mixed K: the longest draft of a step, in expectation
         max_k = calibrate._expected_max(k_dist, batch)
     step = (TRUE["base_ms"] + TRUE["per_request_ms"] * batch + TRUE["per_draft_token_ms"] * spec
-            + TRUE["spec_overhead_ms"] * (spec > 0)
+            + TRUE["spec_overhead_ms"] * (spec > 0 or family == "draft_model")
             + (TRUE["per_draft_position_ms"] * max_k if family == "draft_model" else 0.0))
-    wall = engine_steps * step / 1e3
+    wall = engine_steps * step / 1e3 + prefill_s
     tokens = sum(reqs[c] * length[c] for c in reqs)
     classes = {cls: {"requests": reqs[cls], "acceptance_length": tps_class[cls]}
                for cls in reqs}
@@ -47,19 +53,22 @@ def _cell(cfg: dict, conc: int, k_by_class: dict[str, int]) -> dict:
         for cls in reqs:
             classes[cls]["k_distribution"] = {str(k_by_class[cls]): steps_class[cls]}
         assert sum(len(c["k_distribution"]) for c in classes.values()) == len(k_dist)
-    return {"tok_per_s": tokens / wall, "request_steps": request_steps,
-            "decode_tokens": tokens - total, "step_ms_mean": step, "mean_batch": batch,
-            "vllm_draft_tokens": draft_tokens, "classes": classes}
+    return {"tok_per_s": tokens / wall, "request_steps": request_steps, "wall_s": wall,
+            "output_tokens": tokens, "decode_tokens": tokens - total, "step_ms_mean": step,
+            "step_ms_median": step, "mean_batch": batch, "decode_batch": batch,
+            "vllm_draft_tokens": draft_tokens, "vllm_drafts": drafts, "classes": classes}
 
 
-def _result() -> dict:
+def _result(rate: float = 1.0, prefill_s: float = 0.0) -> dict:
     configs = [{"name": "none", "spec": None, "adaptive": False}]
     configs += [{"name": f"vllm_draft_k{k}", "adaptive": False,
                  "spec": {"method": "draft_model", "num_speculative_tokens": k}} for k in (2, 4)]
     configs += [{"name": f"vllm_ngram_k{k}", "adaptive": False,
                  "spec": {"method": "ngram", "num_speculative_tokens": k}} for k in (2, 4, 8)]
     configs += [{"name": "adaptspec_draft", "adaptive": True,
-                 "spec": {"method": "draft_model", "num_speculative_tokens": 4}}]
+                 "spec": {"method": "draft_model", "num_speculative_tokens": 4}},
+                {"name": "adaptspec_ngram", "adaptive": True,
+                 "spec": {"method": "ngram", "num_speculative_tokens": 8}}]
     summary = {}
     for cfg in configs:
         summary[cfg["name"]] = {}
@@ -70,7 +79,7 @@ def _result() -> dict:
                 ks = {"code": 3, "chat": 1, "interactive": 0}
             else:
                 ks = dict.fromkeys(CLASSES, cfg["spec"]["num_speculative_tokens"])
-            summary[cfg["name"]][str(conc)] = _cell(cfg, conc, ks)
+            summary[cfg["name"]][str(conc)] = _cell(cfg, conc, ks, rate, prefill_s * conc)
     return {"configs": configs, "summary": summary, "policy": None,
             "sizes": {"max_tokens": 32, "interactive_tokens": 16}}
 
@@ -124,6 +133,27 @@ def test_simulator_check_predicts_a_synthetic_engine() -> None:
     assert set(gpu["adaptive_over_none"]) == {str(n) for n in calibrate.GPU_LOADS}
     assert all(np.isfinite(v) and v > 0 for v in gpu["adaptive_over_none"].values())
     assert isinstance(calibrate.format_report(cal), str)
+
+
+def test_simulator_check_accounts_for_missing_drafts_and_prefill() -> None:
+    # vLLM's n-gram drafts at 40% of request-steps, and every cell spends time prefilling:
+    # without both, the static n-gram cells would look far slower than the engine's.
+    policy = policy_from_dict({"default_class": "chat", "k_max": 8, "classes": {
+        "code": {}, "chat": {}, "interactive": {"latency_critical": True}}})
+    cal = calibrate.calibrate(_result(rate=0.4, prefill_s=2.0), policy)
+    ngram = cal["acceptance"]["ngram"]
+    assert ngram["draft_rate"] == pytest.approx(0.4, abs=1e-3)
+    assert ngram["alpha"]["code"] == pytest.approx(0.85, abs=1e-3)
+    statics = [c for c in cal["simulator_check"] if c["config"].startswith("vllm_ngram")]
+    assert max(abs(c["error"]) for c in statics) < 0.1, statics
+    assert max(abs(c["error"]) for c in cal["step_time_check"] if c["in_fit"]) < 1e-3
+    # the same engine judged without the draft rate: drafts cost every step, predictions miss
+    no_rate = _result(rate=0.4, prefill_s=2.0)
+    for by_c in no_rate["summary"].values():
+        for cell in by_c.values():
+            cell.pop("vllm_drafts")
+    worse = calibrate.calibrate(no_rate, policy)["simulator_check"]
+    assert max(abs(c["error"]) for c in worse if c["config"].startswith("vllm_ngram")) > 0.1
 
 
 def test_calibration_needs_static_cells() -> None:

@@ -139,3 +139,29 @@ def test_engine_time_is_the_cost_model_formula() -> None:
 def test_unknown_workload_is_refused(policy: Policy) -> None:
     with pytest.raises(ValueError, match="unknown workload"):
         run_simulation(policy, "poetry")
+
+
+def test_steps_without_a_draft_cost_what_plain_decoding_costs() -> None:
+    # Requests of 10 tokens at concurrency 2 until four are done, every draft accepted when
+    # there is one.
+    from adaptspec.simulator import FixedK, Stream, simulate
+
+    cost = CostModel(preset="cpu")
+    n, width = 6, 4
+    cls = np.zeros(n, dtype=np.int64)
+    length = np.full(n, 10, dtype=np.int64)
+    alpha = np.ones((n, width))
+    coins = np.zeros((n, 10 + width), dtype=np.float32)
+    noise = np.ones(8)
+
+    def run(**parts: Any) -> Any:
+        stream = Stream(["a"], cls, length, alpha, coins, **parts)
+        chooser = FixedK(stream, np.array([3]), np.zeros(1, dtype=bool), cost, 2)
+        return simulate(stream, 2, 4, cost, noise, chooser)
+
+    full = run()
+    assert full.drafted > 0 and full.accepted == full.drafted
+    # no draft anywhere: the static K run is plain decoding, at plain decoding's cost
+    none = run(avail=np.zeros(coins.shape, dtype=bool))
+    assert none.drafted == 0 and none.steps == 20
+    assert none.time_ms == pytest.approx(20 * float(step_ms(cost, 2, 0, 0)))
