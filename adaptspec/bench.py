@@ -53,6 +53,7 @@ class Config:
     spec: dict[str, Any] | None
     adaptive: bool = False
     family: str = "none"  # none | ngram | draft_model | ours
+    sync: bool = False  # --no-async-scheduling (adaptspec needs it; vLLM's default is async)
 
 
 @dataclass
@@ -128,8 +129,10 @@ class Server:
         env["PROMETHEUS_MULTIPROC_DIR"] = self.prom_dir
         if cfg.spec is not None:
             cmd += ["--speculative-config", json.dumps(cfg.spec)]
+        if cfg.adaptive or cfg.sync:
+            cmd += ["--no-async-scheduling"]
         if cfg.adaptive:
-            cmd += ["--scheduler-cls", SCHEDULER, "--no-async-scheduling"]
+            cmd += ["--scheduler-cls", SCHEDULER]
             env["ADAPTSPEC_POLICY"] = str(policy)
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
@@ -595,6 +598,10 @@ def run(args: argparse.Namespace) -> int:
     if args.configs and "adaptspec_ours" in args.configs:
         sizes.ours = True
     configs = make_configs(draft, sizes)
+    if args.configs and "none_sync" in args.configs:
+        # Plain decoding under the synchronous scheduling adaptspec runs with: what async
+        # scheduling alone is worth on this machine.
+        configs.insert(1, Config("none_sync", None, sync=True))
     if args.configs:
         keep = set(args.configs) | {"none"}
         configs = [c for c in configs if c.name in keep]

@@ -101,6 +101,8 @@ def observations(result: dict[str, Any]) -> list[dict[str, Any]]:
                 dist: dict[str, float] = {}
                 for row in s["classes"].values():
                     for k, n in row.get("k_distribution", {}).items():
+                        # (a draft model passes at least once a step: K = 0 costs as K = 1)
+                        k = "1" if fam == "draft_model" and k == "0" else k
                         dist[k] = dist.get(k, 0.0) + n
                 max_k = _expected_max(dist, batch)
             else:
@@ -120,14 +122,15 @@ def observations(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _features(rows: list[dict[str, Any]], knee: float = 1.0) -> np.ndarray:
-    """[n, 6]: 1, B, S, drafter on, maxK for a draft model, max(0, B + S - knee), in FITTED
-    order. A draft model runs
-    its first pass every step, even when nothing is drafted (it keeps the draft's KV cache in
-    step with the target; adaptspec sets vLLM's per-step draft count to the longest K), then
-    one pass per further position."""
+    """[n, 6]: 1, B, S, proposer on, draft passes, max(0, B + S - knee), in FITTED order.
+
+    A draft model passes once per position of the longest draft, and at least once a step even
+    when nothing is drafted (its first pass keeps the draft's KV cache in step with the target;
+    adaptspec sets vLLM's per-step draft count to the longest K, so a batch at K = 0 still pays
+    one pass). An n-gram proposer has no passes; its fixed cost comes with a draft."""
     return np.array([[1.0, r["batch"], r["spec_tokens"],
                       float(r["spec_tokens"] > 0 or r["family"] == "draft_model"),
-                      r["max_k"] if r["family"] == "draft_model" else 0.0,
+                      max(r["max_k"], 1.0) if r["family"] == "draft_model" else 0.0,
                       max(0.0, r["batch"] + r["spec_tokens"] - knee)] for r in rows])
 
 
@@ -272,9 +275,9 @@ def _class_mix(result: dict[str, Any]) -> dict[str, float]:
 
 def _drafter_cost(cost: CostModel, family: str, k: int) -> CostModel:
     """The cost of a configuration whose proposer may draft up to k tokens. A draft model's
-    fixed cost (its first pass) is paid every step, whatever is drafted: folded into the base;
-    its further passes cost per position of the longest draft. An n-gram proposer costs
-    nothing per position."""
+    fixed cost is paid every step, whatever is drafted: folded into the base; its passes cost
+    per position of the longest draft, at least one (simulate's min_passes). An n-gram
+    proposer costs nothing per position."""
     if family != "draft_model" or k == 0:
         return cost.model_copy(update={"per_draft_position_ms": 0.0})
     return cost.model_copy(update={"base_ms": cost.base_ms + cost.spec_overhead_ms,
@@ -321,8 +324,10 @@ def simulate_family(result: dict[str, Any], alphas: dict[str, float],
                                    c_k)
         runs["adaptive"] = (sim.Adaptive(policy, stream, conc, seed),
                             _drafter_cost(cost, family, max(ks)))
+        passes = 1 if family == "draft_model" else 0
         for name, (chooser, c_run) in runs.items():
-            run = sim.simulate(stream, conc, n_done, c_run, noise, chooser)
+            run = sim.simulate(stream, conc, n_done, c_run, noise, chooser,
+                               min_passes=passes if name != "none" else 0)
             out.setdefault(name, {})[conc] = run.tokens_per_s
     return out
 
@@ -353,11 +358,11 @@ def calibrate(result: dict[str, Any], policy: Policy | None = None, seed: int = 
     cpu = CostModel(preset="cpu", **fitted)
     step_cells = step_time_check(rows, fitted)
     loads = sorted({r["concurrency"] for r in rows})
+    ref = _reference_rows(rows)
+    by_cell = {(r["config"], r["concurrency"]): r for r in rows}
     sim_cells, families = [], {}
     gpu: dict[str, Any] = {}
     gpu_cost = CostModel(preset="gpu")
-    ref = _reference_rows(rows)
-    by_cell = {(r["config"], r["concurrency"]): r for r in rows}
     for family in ("draft_model", "ngram"):
         fit = class_acceptance(result, family)
         if fit is None:
@@ -366,7 +371,13 @@ def calibrate(result: dict[str, Any], policy: Policy | None = None, seed: int = 
         ks = sorted(c["spec"]["num_speculative_tokens"] for c in result["configs"]
                     if _family(c) == family and not c["adaptive"] and c["spec"] is not None)
         fam_policy = policy.model_copy(update={"k_max": min(policy.k_max, max(ks))})
-        tps = simulate_family(result, alphas, cpu, fam_policy, loads, ks, seed, family, rate)
+        # Simulated at the batch the engine actually decoded at (prompts are admitted a few at
+        # a time, so a cell of 16 clients decodes ~6 requests at once on average).
+        batch_of = {c: max(1, round(by_cell[("none", c)]["batch"])) if ("none", c) in by_cell
+                    else c for c in loads}
+        sim_tps = simulate_family(result, alphas, cpu, fam_policy, sorted(set(batch_of.values())),
+                                  ks, seed, family, rate)
+        tps = {name: {c: by[batch_of[c]] for c in loads} for name, by in sim_tps.items()}
         families[family] = {"alpha": {c: round(a, 4) for c, a in alphas.items()},
                             "alpha_from": source, "draft_rate": round(rate, 4)}
         for conc in loads:

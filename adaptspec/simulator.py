@@ -310,8 +310,10 @@ def _itl_summary(names: list[str], cls: np.ndarray, gaps: np.ndarray,
 
 
 def simulate(stream: Stream, concurrency: int, n_done: int, cost: CostModel,
-             noise: np.ndarray, chooser: Chooser) -> RunStats:
-    """Run until `n_done` requests have finished; throughput counts every token emitted."""
+             noise: np.ndarray, chooser: Chooser, min_passes: int = 0) -> RunStats:
+    """Run until `n_done` requests have finished; throughput counts every token emitted.
+    min_passes: draft passes a step costs at least (a draft model makes its first pass even
+    when nothing is drafted: 1)."""
     reqs = np.arange(concurrency)
     pos = np.zeros(concurrency, dtype=np.int64)
     length = stream.length
@@ -335,7 +337,7 @@ def simulate(stream: Stream, concurrency: int, n_done: int, cost: CostModel,
             acc = np.zeros(concurrency, dtype=np.int64)
         # The target's own token follows the accepted drafts; nothing past the request's end.
         emitted = np.minimum(acc + 1, length[reqs] - pos)
-        expected_ms = float(step_ms(cost, concurrency, int(ks.sum()), k_top))
+        expected_ms = float(step_ms(cost, concurrency, int(ks.sum()), max(k_top, min_passes)))
         last_ms = expected_ms * noise[steps % len(noise)]
         steps += 1
         # Throughput and ITL add up the step's expected time: the noise does not depend on the

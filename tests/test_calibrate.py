@@ -41,10 +41,15 @@ def _cell(cfg: dict, conc: int, k_by_class: dict[str, int], rate: float = 1.0,
     max_k = max(k_by_class.values())
     k_dist = {str(k_by_class[c]): steps_class[c] for c in reqs}
     if cfg["adaptive"]:  # requests of mixed K: the longest draft of a step, in expectation
-        max_k = calibrate._expected_max(k_dist, batch)
+        passes: dict[str, float] = {}  # (a draft model passes at least once)
+        for k, n in k_dist.items():
+            key = str(max(int(k), 1)) if family == "draft_model" else k
+            passes[key] = passes.get(key, 0.0) + n
+        max_k = calibrate._expected_max(passes, batch)
     step = (TRUE["base_ms"] + TRUE["per_request_ms"] * batch + TRUE["per_draft_token_ms"] * spec
             + TRUE["spec_overhead_ms"] * (spec > 0 or family == "draft_model")
-            + (TRUE["per_draft_position_ms"] * max_k if family == "draft_model" else 0.0))
+            + (TRUE["per_draft_position_ms"] * max(max_k, 1) if family == "draft_model"
+               else 0.0))
     wall = engine_steps * step / 1e3 + prefill_s
     tokens = sum(reqs[c] * length[c] for c in reqs)
     classes = {cls: {"requests": reqs[cls], "acceptance_length": tps_class[cls]}
