@@ -66,7 +66,6 @@ class Sizes:
     max_model_len: int
     ngram_k: tuple[int, ...] = (2, 4, 8)
     draft_k: tuple[int, ...] = (2, 4)
-    ours: bool = True  # also adaptspec over our own n-gram proposer (custom_class)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -95,11 +94,10 @@ def make_configs(draft: str, sizes: Sizes) -> list[Config]:
         Config("adaptspec_draft", {"method": "draft_model", "model": draft,
                                    "num_speculative_tokens": max(sizes.draft_k)},
                adaptive=True, family="draft_model"),
+        Config("adaptspec_ours", {"method": "custom_class", "model": OURS_NGRAM,
+                                  "num_speculative_tokens": max(sizes.ngram_k)},
+               adaptive=True, family="ours"),
     ]
-    if sizes.ours:
-        out.append(Config("adaptspec_ours", {"method": "custom_class", "model": OURS_NGRAM,
-                                             "num_speculative_tokens": max(sizes.ngram_k)},
-                          adaptive=True, family="ours"))
     return out
 
 
@@ -388,6 +386,7 @@ def summarize_cell(cell: dict[str, Any], static_k: int | None) -> dict[str, Any]
             row["k_distribution"] = {str(static_k): float(len(d["step_tokens"]))}
             row["mean_k"] = float(static_k)
         classes[cls] = row
+    busy_s = _union_length(spans)
     sb, sa = cell["spec_before"], cell["spec_after"]
     drafts = sa["vllm:spec_decode_num_drafts_total"] - sb["vllm:spec_decode_num_drafts_total"]
     acc = (sa["vllm:spec_decode_num_accepted_tokens_total"]
@@ -411,9 +410,8 @@ def summarize_cell(cell: dict[str, Any], static_k: int | None) -> dict[str, Any]
         "mean_batch": decode_s / cell["wall_s"],
         # The time some request was decoding, and the batch then: the rest of the wall time
         # went to prefills that no decode overlapped (all of a wave's prompts at once).
-        "decode_busy_s": _union_length(spans),
-        "decode_batch": decode_s / _union_length(spans) if spans and _union_length(spans)
-        else float("nan"),
+        "decode_busy_s": busy_s,
+        "decode_batch": decode_s / busy_s if busy_s else float("nan"),
         "vllm_drafts": drafts,
         "vllm_draft_tokens": draft_tokens,
         "vllm_accepted_tokens": acc,
@@ -595,8 +593,6 @@ def run(args: argparse.Namespace) -> int:
         sizes.requests = {c: args.requests * c if c > 1 else args.requests
                           for c in sizes.concurrency}
     target, draft, label = _models(args.quick, args.target, args.draft)
-    if args.configs and "adaptspec_ours" in args.configs:
-        sizes.ours = True
     configs = make_configs(draft, sizes)
     if args.configs and "none_sync" in args.configs:
         # Plain decoding under the synchronous scheduling adaptspec runs with: what async
@@ -623,7 +619,7 @@ def run(args: argparse.Namespace) -> int:
     warmup = workload.make_stream(prompts_by_class, 2, seed=10_000, max_tokens=8,
                                   interactive_tokens=8)
     rendered.update({r.id: workload.render(tok, r.prompt) for r in warmup})
-    # Prompt lengths, for the simulator's prefill cost (adaptspec.calibrate).
+    # Prompt lengths, reported per cell and class: the prefill work a cell carries.
     prompt_tokens = {rid: (len(tok(text, add_special_tokens=False)["input_ids"]) if tok
                            else len(text.split())) for rid, text in rendered.items()}
 

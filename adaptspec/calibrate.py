@@ -1,22 +1,26 @@
 """Fit the simulator's step-time preset to `adaptspec bench` measurements, and check it.
 
-The benchmark measured, per configuration and concurrency, the mean time between two outputs of
-a request (one engine step), how many requests were decoding at once, how many draft tokens vLLM
-verified and how many tokens each request-step delivered. Two checks follow:
+The benchmark measured, per configuration and concurrency, the median time between two outputs
+of a request (one engine step), how many requests were decoding while any was, how many draft
+tokens vLLM verified, how many request-steps had a draft at all, and how many tokens each
+request-step delivered. Two checks follow; both add to the decode steps the time a cell spent
+outside them (prefills nothing overlapped), measured on the family's reference cell (none, or
+its static run with the largest K), so that they predict the measured output tokens/s:
 
 1. Step time. The cost formula of :class:`adaptspec.policy.CostModel` (base + per request + per
-   draft token + a fixed cost when anything is drafted; + per draft position for a draft model,
-   which runs one forward pass per position) is fitted by non-negative least squares in relative
-   error to the cells WITHOUT adaptspec (none and static K). With each cell's measured tokens
-   per request-step, it predicts every cell's throughput; the adaptspec cells are predictions
-   out of sample. Reported: predicted over measured ratio to no speculation, per cell.
-2. Simulation. Each class's acceptance is fitted per proposer family from the static run with
-   the largest K (the per-position rate alpha whose expected tokens per step,
-   (1 - alpha^(K+1)) / (1 - alpha), is the measured one). The simulator then serves the
-   benchmark's class mix with the fitted step time and predicts every static K and adaptspec's
-   ratio to no speculation at each concurrency; it is compared with the measurement. Only the
-   largest-K static run of each family fed the acceptance fit, so the other static Ks and
-   adaptspec are predictions.
+   draft token + a proposer's fixed cost; + per pass of a draft model, at least one a step; + a
+   hinge above a knee of verified tokens where it fits markedly better) is fitted by
+   non-negative least squares in relative error to the cells WITHOUT adaptspec (none and static
+   K). With each cell's measured tokens per request-step, it predicts every cell's throughput;
+   the adaptspec cells are predictions out of sample. Reported: predicted over measured ratio to
+   no speculation, per cell.
+2. Simulation. Per proposer family, from the static run with the largest K: the share of
+   request-steps with a draft and each class's acceptance given a draft (the per-position rate
+   alpha whose expected tokens per step, (1 - alpha^(K+1)) / (1 - alpha), is the measured one).
+   The simulator then serves the benchmark's class mix with the fitted step time, at the batch
+   the engine decoded at, and predicts every static K and adaptspec's ratio to no speculation at
+   each concurrency; it is compared with the measurement. Only the largest-K static run of each
+   family fed these fits, so the other static Ks and adaptspec are predictions.
 
 Then the same class mix and acceptance are simulated on the "gpu" preset (an 8B model on one
 H100, adaptspec/policy.py), for the ratios a GPU deployment could expect.
@@ -40,8 +44,8 @@ TOLERANCE = 0.15
 # Requests per simulated concurrency (times the concurrency, at least MIN_SIM_REQUESTS).
 SIM_REQUESTS_PER_SLOT, MIN_SIM_REQUESTS = 12, 96
 GPU_LOADS = (1, 4, 16, 64, 256)
-# Coefficients the fit sets, in the order of _features' columns; the rest of the cpu preset
-# (knee 1: no hinge) is kept.
+# Coefficients the fit sets, in the order of _features' columns (and knee_tokens); the rest of
+# the cpu preset is kept.
 FITTED = ("base_ms", "per_request_ms", "per_draft_token_ms", "spec_overhead_ms",
           "per_draft_position_ms", "over_knee_ms")
 # Knees tried (tokens verified per step where extra tokens start to cost more): below it a CPU
@@ -182,10 +186,11 @@ def _reference_rows(rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict[st
     return ref
 
 
-def _other_s(ref: dict[tuple[str, int], dict[str, Any]], r: dict[str, Any]) -> float:
+def _other_s(ref: dict[tuple[str, int], dict[str, Any]], family: str, concurrency: int
+             ) -> float:
     """Time of a cell outside decode steps, as measured on its family's reference cell:
     prefill does not depend on K, but a draft model prefills the prompt too."""
-    cell = ref.get((r["family"], r["concurrency"])) or ref.get(("none", r["concurrency"]))
+    cell = ref.get((family, concurrency)) or ref.get(("none", concurrency))
     return cell["other_s"] if cell else 0.0
 
 
@@ -200,7 +205,7 @@ def step_time_check(rows: list[dict[str, Any]], cost: dict[str, float]) -> list[
         decode_tps = r["batch"] * r["tokens_per_request_step"] / t * 1e3
         tokens = r["engine_steps"] * r["batch"] * r["tokens_per_request_step"]
         pred_tps[(r["config"], r["concurrency"])] = tokens / (
-            tokens / decode_tps + _other_s(ref, r))
+            tokens / decode_tps + _other_s(ref, r["family"], r["concurrency"]))
     out = []
     for r, t in zip(rows, pred_ms, strict=True):
         key0 = ("none", r["concurrency"])
@@ -387,7 +392,7 @@ def calibrate(result: dict[str, Any], policy: Policy | None = None, seed: int = 
             # The simulator gives decode throughput; the measured ratio also counts the time
             # outside decode steps (prefill), taken from none's and the family's reference cell.
             decode_none = none["engine_steps"] * none["step_ms"] / 1e3
-            fam_other = _other_s(ref, {"family": family, "concurrency": conc})
+            fam_other = _other_s(ref, family, conc)
             for sim_name, real in ([(f"static_{k}", _static_name(result, family, k)) for k in ks]
                                    + [("adaptive", _adaptive_name(result, family))]):
                 if real is None or (real, conc) not in by_cell:
