@@ -47,7 +47,7 @@ GPU_LOADS = (1, 4, 16, 64, 256)
 # Coefficients the fit sets, in the order of _features' columns (and knee_tokens); the rest of
 # the cpu preset is kept.
 FITTED = ("base_ms", "per_request_ms", "per_draft_token_ms", "spec_overhead_ms",
-          "per_draft_position_ms", "over_knee_ms")
+          "per_draft_position_ms", "over_knee_ms", "per_request_pass_ms")
 # Knees tried (tokens verified per step where extra tokens start to cost more): below it a CPU
 # decode step streams the weights once whatever the tokens (memory-bound), above it computes.
 KNEES = (2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0)
@@ -102,11 +102,14 @@ def observations(result: dict[str, Any]) -> list[dict[str, Any]]:
             if static_k is not None:
                 max_k = float(static_k)
             elif cfg["adaptive"]:
+                # The controller's K, as vLLM drafts it: at most the configured K (the
+                # scheduler's draft budget), and a draft model passes at least once a step.
+                cap = (cfg["spec"] or {}).get("num_speculative_tokens", 1 << 30)
+                floor = 1 if fam == "draft_model" else 0
                 dist: dict[str, float] = {}
                 for row in s["classes"].values():
                     for k, n in row.get("k_distribution", {}).items():
-                        # (a draft model passes at least once a step: K = 0 costs as K = 1)
-                        k = "1" if fam == "draft_model" and k == "0" else k
+                        k = str(min(max(int(k.lstrip(">")), floor), cap))
                         dist[k] = dist.get(k, 0.0) + n
                 max_k = _expected_max(dist, batch)
             else:
@@ -126,16 +129,24 @@ def observations(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _features(rows: list[dict[str, Any]], knee: float = 1.0) -> np.ndarray:
-    """[n, 6]: 1, B, S, proposer on, draft passes, max(0, B + S - knee), in FITTED order.
+    """[n, 7]: 1, B, S, proposer on, draft passes, max(0, B + S - knee), draft-model tokens, in
+    FITTED order.
 
     A draft model passes once per position of the longest draft, and at least once a step even
     when nothing is drafted (its first pass keeps the draft's KV cache in step with the target;
     adaptspec sets vLLM's per-step draft count to the longest K, so a batch at K = 0 still pays
-    one pass). An n-gram proposer has no passes; its fixed cost comes with a draft."""
-    return np.array([[1.0, r["batch"], r["spec_tokens"],
-                      float(r["spec_tokens"] > 0 or r["family"] == "draft_model"),
-                      max(r["max_k"], 1.0) if r["family"] == "draft_model" else 0.0,
-                      max(0.0, r["batch"] + r["spec_tokens"] - knee)] for r in rows])
+    one pass). Each pass also costs per token it runs: the first pass runs every request's
+    verified tokens (B + S), the others one token per request, S + B * passes in all; on two
+    CPU cores a 0.5B draft over a batch of 6 costs several times its pass at batch 1. An n-gram
+    proposer has no passes; its fixed cost comes with a draft."""
+    return np.array([_row_features(r, knee) for r in rows])
+
+
+def _row_features(r: dict[str, Any], knee: float) -> list[float]:
+    b, s = r["batch"], r["spec_tokens"]
+    passes = max(r["max_k"], 1.0) if r["family"] == "draft_model" else 0.0
+    return [1.0, b, s, float(s > 0 or passes > 0), passes, max(0.0, b + s - knee),
+            s + b * passes if passes else 0.0]
 
 
 def fit_cost(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -278,15 +289,23 @@ def _class_mix(result: dict[str, Any]) -> dict[str, float]:
     return {cls: n / total for cls, n in sorted(counts.items())}
 
 
+def _interpolate(by_batch: dict[int, float], batch: float) -> float:
+    """A value given at whole batches, at a fractional one (linear between its neighbours)."""
+    lo, hi = by_batch[math.floor(batch)], by_batch[math.ceil(batch)]
+    return lo + (hi - lo) * (batch - math.floor(batch))
+
+
 def _drafter_cost(cost: CostModel, family: str, k: int) -> CostModel:
     """The cost of a configuration whose proposer may draft up to k tokens. A draft model's
     fixed cost is paid every step, whatever is drafted: folded into the base; its passes cost
-    per position of the longest draft, at least one (simulate's min_passes). An n-gram
-    proposer costs nothing per position."""
+    per position of the longest draft, at least one (simulate's min_passes), and per token they
+    run: per_request_pass per request and pass, and as much again per verified draft token
+    (see _features). An n-gram proposer costs nothing per position."""
     if family != "draft_model" or k == 0:
-        return cost.model_copy(update={"per_draft_position_ms": 0.0})
-    return cost.model_copy(update={"base_ms": cost.base_ms + cost.spec_overhead_ms,
-                                   "spec_overhead_ms": 0.0})
+        return cost.model_copy(update={"per_draft_position_ms": 0.0, "per_request_pass_ms": 0.0})
+    return cost.model_copy(update={
+        "base_ms": cost.base_ms + cost.spec_overhead_ms, "spec_overhead_ms": 0.0,
+        "per_draft_token_ms": cost.per_draft_token_ms + cost.per_request_pass_ms})
 
 
 def simulate_family(result: dict[str, Any], alphas: dict[str, float],
@@ -376,13 +395,18 @@ def calibrate(result: dict[str, Any], policy: Policy | None = None, seed: int = 
         ks = sorted(c["spec"]["num_speculative_tokens"] for c in result["configs"]
                     if _family(c) == family and not c["adaptive"] and c["spec"] is not None)
         fam_policy = policy.model_copy(update={"k_max": min(policy.k_max, max(ks))})
-        # Simulated at the batch the engine actually decoded at (prompts are admitted a few at
-        # a time, so a cell of 16 clients decodes ~6 requests at once on average).
-        batch_of = {c: max(1, round(by_cell[("none", c)]["batch"])) if ("none", c) in by_cell
-                    else c for c in loads}
-        sim_tps = simulate_family(result, alphas, cpu, fam_policy, sorted(set(batch_of.values())),
-                                  ks, seed, family, rate)
-        tps = {name: {c: by[batch_of[c]] for c in loads} for name, by in sim_tps.items()}
+        # Each cell is simulated at the batch the engine decoded it at: prompts are admitted a
+        # few at a time, so 16 clients decode ~6 requests at once, and how many depends on the
+        # configuration (none decoded 7.8 at once in a run where draft_model K=2 decoded 5.9,
+        # which alone is worth 15% of throughput). Between whole batches: interpolated.
+        names = {f"static_{k}": _static_name(result, family, k) for k in ks}
+        names.update(none="none", adaptive=_adaptive_name(result, family))
+        batch_of = {(sim_name, c): by_cell[(real, c)]["batch"]
+                    for sim_name, real in names.items() for c in loads if (real, c) in by_cell}
+        sim_tps = simulate_family(result, alphas, cpu, fam_policy, sorted(
+            {f(b) for b in batch_of.values() for f in (math.floor, math.ceil)}), ks, seed,
+            family, rate)
+        tps = {cell: _interpolate(sim_tps[cell[0]], b) for cell, b in batch_of.items()}
         families[family] = {"alpha": {c: round(a, 4) for c, a in alphas.items()},
                             "alpha_from": source, "draft_rate": round(rate, 4)}
         for conc in loads:
@@ -393,12 +417,11 @@ def calibrate(result: dict[str, Any], policy: Policy | None = None, seed: int = 
             # outside decode steps (prefill), taken from none's and the family's reference cell.
             decode_none = none["engine_steps"] * none["step_ms"] / 1e3
             fam_other = _other_s(ref, family, conc)
-            for sim_name, real in ([(f"static_{k}", _static_name(result, family, k)) for k in ks]
-                                   + [("adaptive", _adaptive_name(result, family))]):
-                if real is None or (real, conc) not in by_cell:
+            for sim_name, real in names.items():
+                if sim_name == "none" or real is None or (real, conc) not in by_cell:
                     continue
                 measured = by_cell[(real, conc)]["tok_per_s"] / none["tok_per_s"]
-                wall = fam_other + decode_none * tps["none"][conc] / tps[sim_name][conc]
+                wall = fam_other + decode_none * tps[("none", conc)] / tps[(sim_name, conc)]
                 predicted = (none["other_s"] + decode_none) / wall
                 sim_cells.append({"config": real, "concurrency": conc,
                                   "in_fit": real == source,

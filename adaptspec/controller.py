@@ -22,7 +22,7 @@ import numpy as np
 
 from adaptspec import fastpath
 from adaptspec.acceptance import AcceptanceEstimator, RequestAcceptance, feedback_keys, fit_compiled
-from adaptspec.cost import StepCostModel
+from adaptspec.cost import N_FEATURES, StepCostModel
 from adaptspec.policy import OTHER_CLASS, ClassPolicy, Policy
 
 log = logging.getLogger(__name__)
@@ -150,11 +150,11 @@ class Controller:
         self._neg_thresholds = -self._thresholds
         # The candidate plans, one per threshold: their value (element 0, no bin, stays 0) and
         # their step-time features (rows 2 and 3: draft tokens, longest draft).
-        # (One buffer: rows 0-5 the cost model's features, row 6 the value, so that the
-        # running sums of S and of the value are one call on the strided view of rows 2 and 6.)
+        # (One buffer: the cost model's N_FEATURES rows, then the value, so that the running
+        # sums of S (row 2) and of the value are one call on a strided view of the two rows.)
         plan_rows = np.concatenate([self.cost.plan_buffer(_BINS + 1), np.zeros((1, _BINS + 1))])
-        self._plans, self._value = plan_rows[:6], plan_rows[6]
-        self._spec_value_tail = plan_rows[2::4, 1:]
+        self._plans, self._value = plan_rows[:N_FEATURES], plan_rows[N_FEATURES]
+        self._spec_value_tail = plan_rows[2::N_FEATURES - 2, 1:]
         self._plan_index = np.arange(_BINS + 1)
         # Hysteresis as one look-up: the next state of a request from its state and wanted K.
         # A state is prev_k * steps + votes, votes being how many consecutive steps asked for
@@ -579,7 +579,7 @@ class Controller:
         hist = np.bincount(bins.ravel(), batch.weights.ravel(), 2 * (nb + 1))
         # Plans by threshold, best bin first (plan 0: no bin, only forced drafts): running sums
         # from the best bin down, written into the cost model's feature row of tokens S and
-        # into the value row in one call (they are rows 2 and 6 of one buffer).
+        # into the value row in one call (two rows of one buffer, see __init__).
         np.add.accumulate(hist.reshape(2, nb + 1)[:, :0:-1], 1, None, self._spec_value_tail)
         plans, value = self._plans, self._value
         spec, max_k = plans[2], plans[3]

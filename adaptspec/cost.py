@@ -1,9 +1,11 @@
 """Step-time model of a verify pass, learned online by recursive least squares.
 
 Features of a step with B requests, S draft tokens in all and longest draft maxK:
-[1, B, S, maxK, S > 0, max(0, B + S - knee)]. Below the knee the extra verify tokens are almost
-free (a memory-bound GPU); above it every token costs (compute-bound, or a CPU from the first
-token). The policy's prior curve is the starting point and is worth `prior_weight` steps.
+[1, B, S, maxK, S > 0, max(0, B + S - knee), B * maxK]. The last is a draft model's passes
+over the whole batch: vLLM drafts the longest K for every request and cuts afterwards. Below the
+knee the extra verify tokens are almost free (a memory-bound GPU); above it every token costs
+(compute-bound, or a CPU from the first token). The policy's prior curve is the starting point
+and is worth `prior_weight` steps.
 """
 
 from __future__ import annotations
@@ -14,20 +16,20 @@ import numpy as np
 
 from adaptspec.policy import CostModel
 
-N_FEATURES = 6
+N_FEATURES = 7
 # (0-d arrays: a ufunc converts a Python scalar operand anew at every call)
 _ZERO, _ONE = np.array(0.0), np.array(1.0)
 
 
 def features(batch: np.ndarray | float, spec_tokens: np.ndarray | float,
              max_k: np.ndarray | float, knee: float) -> np.ndarray:
-    """Feature matrix [n, 6] for vectors of candidate plans (or one plan as scalars)."""
+    """Feature matrix [n, 7] for vectors of candidate plans (or one plan as scalars)."""
     b = np.asarray(batch, dtype=float)
     s = np.asarray(spec_tokens, dtype=float)
     b, s, m = np.broadcast_arrays(b, s, np.asarray(max_k, dtype=float))
     return np.stack(
-        [np.ones_like(b), b, s, m, (s > 0).astype(float), np.maximum(0.0, b + s - knee)], axis=-1
-    )
+        [np.ones_like(b), b, s, m, (s > 0).astype(float), np.maximum(0.0, b + s - knee), b * m],
+        axis=-1)
 
 
 class StepCostModel:
@@ -37,7 +39,7 @@ class StepCostModel:
     window of recent steps with exponentially decaying weights, plus a pull toward the prior
     curve worth `prior_weight` steps, under non-negative coefficients (costs
     cannot be negative; it also keeps collinear features, such as a knee of 1 where the hinge
-    equals B + S - 1, from cancelling each other). The 6x6 normal equations are re-solved
+    equals B + S - 1, from cancelling each other). The 7x7 normal equations are re-solved
     every `refit_every` steps, so the per-step cost is one row written into a ring buffer.
 
     Attributes: coef (ms per feature), prior_coef, prior_scale (see `fit`), knee, n_updates.
@@ -93,15 +95,16 @@ class StepCostModel:
         self.floor_free = self.nonnegative and c[0] >= 1e-9
         # A feature whose coefficient is 0 adds nothing to a plan's time (0 * x = 0 whatever
         # finite x): `plan_times` does not write S > 0 or the hinge then, and callers need not
-        # write maxK (the presets' per-draft-position cost is 0).
-        self.uses_max_k, self._uses_on, self._uses_knee = c[3] != 0.0, c[4] != 0.0, c[5] != 0.0
+        # write maxK (the presets' per-draft-position and per-request-pass costs are 0).
+        self.uses_max_k = c[3] != 0.0 or c[6] != 0.0
+        self._uses_on, self._uses_knee, self._uses_passes = c[4] != 0.0, c[5] != 0.0, c[6] != 0.0
 
     def predict(self, batch: float, spec_tokens: np.ndarray | float,
                 max_k: np.ndarray | float) -> np.ndarray:
         """Predicted step time (ms) of plans with `batch` requests, vectorised over plans."""
-        c0, c_b, c_s, c_m, c_on, c_knee = self._coef_list
+        c0, c_b, c_s, c_m, c_on, c_knee, c_pass = self._coef_list
         s = np.asarray(spec_tokens, dtype=float)
-        t = (c0 + c_b * batch) + c_s * s + c_m * np.asarray(max_k, dtype=float)
+        t = (c0 + c_b * batch) + c_s * s + (c_m + c_pass * batch) * np.asarray(max_k, dtype=float)
         t += c_on * (s > 0)
         if c_knee > 0:
             t += c_knee * np.maximum(0.0, (batch - self.knee) + s)
@@ -117,8 +120,8 @@ class StepCostModel:
         """`predict` for the controller's ~130 candidate plans of one batch, in 2-4 numpy calls
         instead of 8 (each costs a microsecond or two whatever its size): `feats` is a
         plan_buffer whose rows 2 (S, token counts) and 3 (maxK, unless `uses_max_k` is false)
-        the caller has written; this writes B, S > 0 and the hinge, skipping those whose
-        coefficient is 0, and returns coef @ feats.
+        the caller has written; this writes B, S > 0, the hinge and B * maxK, skipping those
+        whose coefficient is 0, and returns coef @ feats.
         """
         if feats[1, 0] != batch:
             feats[1] = batch
@@ -129,6 +132,8 @@ class StepCostModel:
             np.add(feats[2], batch - self.knee, feats[5])
             if batch < self.knee:  # else B + S - knee >= 0 already (S >= 0)
                 np.maximum(feats[5], _ZERO, feats[5])
+        if self._uses_passes:
+            np.multiply(feats[3], float(batch), feats[6])
         return np.dot(self._coef, feats)
 
     def partial_fit(self, batch: int, spec_tokens: int, max_k: int, step_ms: float) -> None:
@@ -145,7 +150,7 @@ class StepCostModel:
         for k, (batch, spec_tokens, max_k, step_ms) in enumerate(self._pending):
             i = (first + k) % len(self._y)
             self._x[i] = (1.0, batch, spec_tokens, max_k, float(spec_tokens > 0),
-                          max(0.0, batch + spec_tokens - self.knee))
+                          max(0.0, batch + spec_tokens - self.knee), batch * max_k)
             self._y[i] = step_ms
         self._pending.clear()
         n = min(self.n_updates, len(self._y))

@@ -111,7 +111,7 @@ def _decide_uniform(sn: np.ndarray, tab: np.ndarray, cls: np.ndarray, row_u: int
     gains = np.empty(bins)
     spec = 0.0
     value = 0.0
-    uses_max_k = coef[3] != 0.0
+    uses_max_k = coef[3] != 0.0 or coef[6] != 0.0
     for t in range(bins):
         if t > 0:
             spec += counts[bins - t]
@@ -126,7 +126,7 @@ def _decide_uniform(sn: np.ndarray, tab: np.ndarray, cls: np.ndarray, row_u: int
         if hinge < 0.0:
             hinge = 0.0
         tm = (coef[0] + coef[1] * n + coef[2] * spec + coef[3] * max_k + coef[4] * on
-              + coef[5] * hinge)
+              + coef[5] * hinge + coef[6] * (n * max_k))
         t_ms[t] = tm
         gains[t] = value + n
     best_free = 0

@@ -98,10 +98,12 @@ class CostModel(_Strict):
     """Step time of one verify pass, in ms, as a function of the batch:
 
     base + per_request*B + per_draft_token*S + per_draft_position*maxK + spec_overhead*[S>0]
-    + over_knee*max(0, B + S - knee_tokens)
+    + over_knee*max(0, B + S - knee_tokens) + per_request_pass*B*maxK
 
     B requests, S draft tokens in all, maxK the longest draft. Below the knee extra verify tokens
-    are nearly free (memory-bound); above it each costs over_knee (compute-bound).
+    are nearly free (memory-bound); above it each costs over_knee (compute-bound). A draft model
+    costs per pass (per_draft_position) and per request and pass (per_request_pass): vLLM runs
+    it maxK times over the whole batch, whatever each request keeps.
     """
 
     preset: Literal["cpu", "gpu", "custom"] = "custom"
@@ -112,6 +114,7 @@ class CostModel(_Strict):
     spec_overhead_ms: float = Field(0.5, ge=0)
     knee_tokens: float = Field(256.0, ge=0)
     over_knee_ms: float = Field(0.05, ge=0)
+    per_request_pass_ms: float = Field(0.0, ge=0)
     learn: bool = Field(True, description="refine the curve online from measured step times")
     forgetting: float = Field(0.995, gt=0.5, le=1.0)
     prior_weight: float = Field(20.0, gt=0, description="how many steps the prior is worth")
@@ -134,6 +137,7 @@ class CostModel(_Strict):
             self.per_draft_position_ms,
             self.spec_overhead_ms,
             self.over_knee_ms,
+            self.per_request_pass_ms,
         ]
 
 
@@ -160,6 +164,7 @@ COST_PRESETS: dict[str, dict[str, float]] = {
         "spec_overhead_ms": 10.0,
         "knee_tokens": 1.0,
         "over_knee_ms": 0.0,
+        "per_request_pass_ms": 0.0,
     },
     "gpu": {
         "base_ms": 6.5,
@@ -169,6 +174,7 @@ COST_PRESETS: dict[str, dict[str, float]] = {
         "spec_overhead_ms": 0.3,
         "knee_tokens": 180.0,
         "over_knee_ms": 0.027,
+        "per_request_pass_ms": 0.0,
     },
 }
 

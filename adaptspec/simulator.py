@@ -186,7 +186,8 @@ def step_ms(cfg: CostModel, batch: int, spec: np.ndarray | int,
     m = np.asarray(max_k, dtype=float)
     return (cfg.base_ms + cfg.per_request_ms * batch + cfg.per_draft_token_ms * s
             + cfg.per_draft_position_ms * m + cfg.spec_overhead_ms * (s > 0)
-            + cfg.over_knee_ms * np.maximum(0.0, batch + s - cfg.knee_tokens))
+            + cfg.over_knee_ms * np.maximum(0.0, batch + s - cfg.knee_tokens)
+            + cfg.per_request_pass_ms * batch * m)
 
 
 # ------------------------------------------------------------------------------ policies

@@ -10,7 +10,7 @@ from adaptspec import calibrate
 from adaptspec.policy import Policy, policy_from_dict
 
 TRUE = {"base_ms": 40.0, "per_request_ms": 6.0, "per_draft_token_ms": 3.0,
-        "spec_overhead_ms": 5.0, "per_draft_position_ms": 20.0}
+        "spec_overhead_ms": 5.0, "per_draft_position_ms": 20.0, "per_request_pass_ms": 2.0}
 CLASSES = {"code": 0.85, "chat": 0.5, "interactive": 0.6}
 
 
@@ -48,8 +48,9 @@ def _cell(cfg: dict, conc: int, k_by_class: dict[str, int], rate: float = 1.0,
         max_k = calibrate._expected_max(passes, batch)
     step = (TRUE["base_ms"] + TRUE["per_request_ms"] * batch + TRUE["per_draft_token_ms"] * spec
             + TRUE["spec_overhead_ms"] * (spec > 0 or family == "draft_model")
-            + (TRUE["per_draft_position_ms"] * max(max_k, 1) if family == "draft_model"
-               else 0.0))
+            + (TRUE["per_draft_position_ms"] * max(max_k, 1)
+               + TRUE["per_request_pass_ms"] * (spec + batch * max(max_k, 1))
+               if family == "draft_model" else 0.0))
     wall = engine_steps * step / 1e3 + prefill_s
     tokens = sum(reqs[c] * length[c] for c in reqs)
     classes = {cls: {"requests": reqs[cls], "acceptance_length": tps_class[cls]}
@@ -165,3 +166,26 @@ def test_calibration_needs_static_cells() -> None:
     with pytest.raises(ValueError, match="at least two"):
         calibrate.fit_cost([])
     assert isinstance(Policy(), Policy)
+
+
+def test_adaptive_k_is_counted_as_vllm_drafts_it() -> None:
+    """The controller's K above the configured num_speculative_tokens is drafted at that many
+    (the scheduler's budget), and a draft model passes at least once: K = 0 counts as 1."""
+    result = _result()
+    cell = result["summary"]["adaptspec_draft"]["4"]
+    classes = cell["classes"]
+    classes["code"]["k_distribution"] = {"7": 3.0, ">8": 2.0}
+    classes["chat"]["k_distribution"] = {"0": 5.0}
+    classes["interactive"]["k_distribution"] = {}
+    row = next(r for r in calibrate.observations(result)
+               if r["config"] == "adaptspec_draft" and r["concurrency"] == 4)
+    assert row["max_k"] == pytest.approx(calibrate._expected_max({"4": 5.0, "1": 5.0}, 4.0))
+    # an n-gram proposer drafts nothing at K = 0
+    classes = result["summary"]["adaptspec_ngram"]["4"]["classes"]
+    classes["code"]["k_distribution"] = {"0": 5.0}
+    classes["chat"]["k_distribution"] = {">8": 5.0}
+    classes["interactive"]["k_distribution"] = {}
+    row = next(r for r in calibrate.observations(result)
+               if r["config"] == "adaptspec_ngram" and r["concurrency"] == 4)
+    assert row["max_k"] == pytest.approx(calibrate._expected_max({"0": 5.0, "8": 5.0}, 4.0))
+    assert 0.0 < row["max_k"] < 8.0

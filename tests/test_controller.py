@@ -362,10 +362,31 @@ def test_hysteresis_table_matches_the_rule(steps: int) -> None:
         np.testing.assert_array_equal(ctl.req_votes[slots], votes)
 
 
+def test_cost_model_learns_a_draft_model_pass_over_the_batch() -> None:
+    """vLLM runs a draft model maxK times over every request of the batch: a step costs per
+    request and pass (B * maxK), which no sum of per-request and per-pass terms can express.
+    Requests of one batch draft different K (S < B * maxK), which tells the two apart. (The
+    cpu prior says 0 per request and pass; a weak prior lets 600 steps say otherwise.)"""
+    rng = np.random.default_rng(1)
+
+    def truth(b: int, s: int, m: int) -> float:
+        return 300.0 + 40.0 * b + 100.0 * m + 20.0 * b * m + 5.0 * s
+
+    m = StepCostModel(CostModel(preset="cpu", prior_weight=1.0, forgetting=1.0))
+    for _ in range(600):
+        ks = rng.integers(0, int(rng.integers(0, 5)) + 1, int(rng.integers(1, 9)))
+        b, s, k = len(ks), int(ks.sum()), int(ks.max())
+        m.partial_fit(b, s, k, truth(b, s, k) * rng.lognormal(0, 0.02))
+    assert m.coef[6] == pytest.approx(20.0, rel=0.25)
+    # one long draft in a batch of eight costs nearly what eight long drafts do
+    for b, s, k in [(1, 4, 4), (8, 4, 4), (8, 32, 4), (8, 8, 1)]:
+        assert m.predict(b, s, k)[()] == pytest.approx(truth(b, s, k), rel=0.08)
+
+
 @pytest.mark.parametrize("preset", ["cpu", "gpu"])
 def test_plan_times_is_predict(preset: str) -> None:
     m = StepCostModel(CostModel(preset=preset))
-    m.coef = m.coef + np.array([0.0, 0.01, 0.001, 0.3, 0.2, 0.01])  # every term non-zero
+    m.coef = m.coef + np.array([0.0, 0.01, 0.001, 0.3, 0.2, 0.01, 0.05])  # all non-zero
     feats = m.plan_buffer(50)
     rng = np.random.default_rng(0)
     for batch in (1, 64, 300):

@@ -27,13 +27,14 @@ def _policies() -> dict[str, Policy]:
     return {
         "gpu": Policy(**base, classes=classes(9.0), cost_model=CostModel(preset="gpu")),
         "cpu": Policy(**base, classes=classes(None), cost_model=CostModel(preset="cpu")),
-        # per-draft-position cost (maxK) and a hinge, no hysteresis, no exploration
+        # per-draft-position costs (maxK, B * maxK) and a hinge, no hysteresis, no exploration
         "custom": Policy(**{**base, "exploration": 0.0, "hysteresis_steps": 1},
                          classes=classes(None),
                          cost_model=CostModel(base_ms=5, per_request_ms=0.05,
                                               per_draft_token_ms=0.01,
                                               per_draft_position_ms=0.2, spec_overhead_ms=0.1,
-                                              knee_tokens=40, over_knee_ms=0.03)),
+                                              knee_tokens=40, over_knee_ms=0.03,
+                                              per_request_pass_ms=0.01)),
         # Not uniform (a forced draft, a shorter k_max): the numpy decision, on the compiled
         # feedback and class table.
         "mixed": Policy(**base, classes={**classes(9.0),
