@@ -88,6 +88,10 @@ def load_state_dict(ctl: Controller, state: dict[str, Any]) -> int:
             coef_arr = np.asarray(coef, dtype=float)
         except (TypeError, ValueError, OverflowError) as e:
             raise SnapshotError(f"cost_coef_ms: {e}") from None
+        if coef_arr.shape == (6,) and ctl.cost.coef.shape == (7,):
+            # Written before the per-request-and-pass term (B * maxK): that model is this one
+            # with its coefficient at 0.
+            coef_arr = np.append(coef_arr, 0.0)
         if coef_arr.shape != ctl.cost.coef.shape or not np.isfinite(coef_arr).all() \
                 or (coef_arr < 0).any():
             raise SnapshotError("cost_coef_ms does not fit this cost model")

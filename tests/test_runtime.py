@@ -105,6 +105,23 @@ def test_snapshot_round_trip_is_atomic_and_private(tmp_path: Path) -> None:
     np.testing.assert_allclose(fresh.acceptance_estimate("code"), ctl.acceptance_estimate("code"))
 
 
+def test_snapshot_of_the_six_term_cost_model_still_loads(tmp_path: Path) -> None:
+    pol = make_policy(cost_model=CostModel(preset="cpu"))  # learns, so it takes the snapshot's
+    ctl = Controller(pol)
+    path = tmp_path / "state.json"
+    snapshot.save(ctl, path)
+    state = json.loads(path.read_text())
+    state["cost_coef_ms"] = [300.0, 40.0, 30.0, 0.0, 10.0, 0.0]  # before B * maxK existed
+    path.write_text(json.dumps(state))
+    fresh = Controller(pol)
+    assert snapshot.load(fresh, path) == len(pol.classes) + 1
+    np.testing.assert_array_equal(fresh.cost.coef, [300.0, 40.0, 30.0, 0.0, 10.0, 0.0, 0.0])
+    state["cost_coef_ms"] = [1.0] * 5  # any other length is refused whole
+    path.write_text(json.dumps(state))
+    with pytest.raises(snapshot.SnapshotError):
+        snapshot.load(Controller(pol), path)
+
+
 @pytest.mark.parametrize("content", [b"", b"{not json", b'{"format": "x"}', b"\xff\xfe",
                                      b'{"format": "adaptspec-state", "version": 1, "classes": '
                                      b'{"code": {"succ": [-1], "fail": [0]}}}'])
