@@ -33,6 +33,7 @@ def test_summary_shares_a_chunk_gap_among_its_tokens() -> None:
     assert s["tok_per_s"] == pytest.approx(6.0)
     assert row["ttft_mean_ms"] == pytest.approx(100.0)
     assert row["itl_mean_ms"] == pytest.approx((4 * 10.0 + 10.0) / 5)
+    assert row["itl_median_ms"] == pytest.approx(10.0)
     assert row["acceptance_length"] == pytest.approx(2.5)
     assert row["k_distribution"] == {"4": 2.0}
 
@@ -93,11 +94,13 @@ def test_greedy_gate_flags_only_greedy_differences() -> None:
 
 
 def test_ratios_compare_with_the_best_static_config() -> None:
-    def summ(tps: float, lc_itl: float) -> dict:
-        return {"tok_per_s": tps, "classes": {"interactive": {"itl_mean_ms": lc_itl}}}
+    def summ(tps: float, lc_itl: float, lc_median: float = 50.0) -> dict:
+        return {"tok_per_s": tps, "classes": {"interactive": {"itl_mean_ms": lc_itl,
+                                                              "itl_median_ms": lc_median}}}
 
     summary = {"none": {1: summ(10, 100)}, "vllm_ngram_k2": {1: summ(12, 90)},
-               "vllm_ngram_k4": {1: summ(15, 95)}, "adaptspec_ngram": {1: summ(16.5, 101)}}
+               "vllm_ngram_k4": {1: summ(15, 95)},
+               "adaptspec_ngram": {1: summ(16.5, 101, 52.0)}}
     configs = [bench.Config("none", None), bench.Config("vllm_ngram_k2", {}),
                bench.Config("vllm_ngram_k4", {}), bench.Config("adaptspec_ngram", {}, True)]
     r = bench.ratios(summary, configs)["1"]
@@ -106,7 +109,9 @@ def test_ratios_compare_with_the_best_static_config() -> None:
     assert a["over_best_static"] == pytest.approx(1.1)
     assert a["over_none"] == pytest.approx(1.65)
     assert a["latency_critical_itl_over_none"] == pytest.approx(1.01)
-    assert "adaptspec_ngram" in bench.format_table(summary, bench.ratios(summary, configs))
+    assert a["latency_critical_itl_median_over_none"] == pytest.approx(1.04)
+    table = bench.format_table(summary, bench.ratios(summary, configs))
+    assert "adaptspec_ngram" in table and "LC ITL / none: 1.01 (median 1.04)" in table
 
 
 def test_stream_is_seeded_covers_every_class_and_both_temperatures() -> None:
