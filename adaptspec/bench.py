@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adaptspec import workload
+from adaptspec import steps, workload
 from adaptspec.client import StreamResult, stream_completion
 from adaptspec.demo import parse_metrics
 from adaptspec.policy import load_policy
@@ -403,8 +403,7 @@ def summarize_cell(cell: dict[str, Any], static_k: int | None) -> dict[str, Any]
         "wall_s": cell["wall_s"],
         "errors": cell["errors"],
         "vllm_mean_acceptance_length": 1 + acc / drafts if drafts else 1.0,
-        # What adaptspec.calibrate fits the step-time model to: a request-step is one decode
-        # chunk of one request (the engine steps it ran in); its gap is the step's time.
+        # A request-step is one decode chunk of one request (the engine steps it ran in).
         "request_steps": len(gaps_ms),
         "decode_tokens": decode_tokens,
         "step_ms_mean": statistics.fmean(gaps_ms) if gaps_ms else float("nan"),
@@ -416,6 +415,9 @@ def summarize_cell(cell: dict[str, Any], static_k: int | None) -> dict[str, Any]
         # went to prefills that no decode overlapped (all of a wave's prompts at once).
         "decode_busy_s": busy_s,
         "decode_batch": decode_s / busy_s if busy_s else float("nan"),
+        # The engine steps rebuilt from the chunk times (adaptspec.steps): what
+        # adaptspec.calibrate fits to.
+        "engine_steps": steps.summarize(steps.engine_steps(cell["requests"])),
         "vllm_drafts": drafts,
         "vllm_draft_tokens": draft_tokens,
         "vllm_accepted_tokens": acc,

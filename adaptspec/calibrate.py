@@ -1,26 +1,29 @@
 """Fit the simulator's step-time preset to `adaptspec bench` measurements, and check it.
 
-The benchmark measured, per configuration and concurrency, the median time between two outputs
-of a request (one engine step), how many requests were decoding while any was, how many draft
-tokens vLLM verified, how many request-steps had a draft at all, and how many tokens each
-request-step delivered. Two checks follow; both add to the decode steps the time a cell spent
-outside them (prefills nothing overlapped), measured on the family's reference cell (none, or
-its static run with the largest K), so that they predict the measured output tokens/s:
+The benchmark recorded when every client received every chunk of tokens; adaptspec.steps
+rebuilds the engine steps from that: per cell (configuration, concurrency), its pure decode
+steps by batch size (how many, their mean time, the tokens they gave) and the time of the other
+steps, which prefilled prompts (most of the wall time at 16 clients: 15 prompts prefill in one
+step of ~48 s on two cores). Two checks follow; both predict a cell's wall time as its decode
+steps at their measured batch sizes, at the predicted step time, plus the time of the other
+steps measured on its family's reference cell (none, or the family's static run with the
+largest K), and compare the ratio of output tokens/s to no speculation with the measured one:
 
-1. Step time. The cost formula of :class:`adaptspec.policy.CostModel` (base + per request + per
-   draft token + a proposer's fixed cost; + per pass of a draft model, at least one a step; + a
-   hinge above a knee of verified tokens where it fits markedly better) is fitted by
-   non-negative least squares in relative error to the cells WITHOUT adaptspec (none and static
-   K). With each cell's measured tokens per request-step, it predicts every cell's throughput;
-   the adaptspec cells are predictions out of sample. Reported: predicted over measured ratio to
-   no speculation, per cell.
+1. Step time. Plain decoding's step time per batch size (a table: on two CPU cores it is not
+   monotone, 4 requests step faster than 2) plus the speculation terms of
+   :class:`adaptspec.policy.CostModel` (per draft token, a proposer's fixed cost; per pass of a
+   draft model, at least one a step, and per request and pass; a hinge above a knee of verified
+   tokens where it fits markedly better) are fitted by non-negative least squares in relative
+   error to the decode steps of the cells WITHOUT adaptspec (none and static K). With each
+   cell's measured drafts per request-step, it predicts every cell's decode time; the adaptspec
+   cells are predictions out of sample.
 2. Simulation. Per proposer family, from the static run with the largest K: the share of
    request-steps with a draft and each class's acceptance given a draft (the per-position rate
    alpha whose expected tokens per step, (1 - alpha^(K+1)) / (1 - alpha), is the measured one).
-   The simulator then serves the benchmark's class mix with the fitted step time, at the batch
-   the engine decoded at, and predicts every static K and adaptspec's ratio to no speculation at
-   each concurrency; it is compared with the measurement. Only the largest-K static run of each
-   family fed these fits, so the other static Ks and adaptspec are predictions.
+   The simulator then serves the benchmark's class mix at each batch size with the fitted step
+   time, for every static K and adaptspec; a cell's decode time is the tokens it decoded at each
+   batch size over the simulated throughput there. Only the largest-K static run of each
+   family fed the acceptance, so the other static Ks and adaptspec are predictions.
 
 Then the same class mix and acceptance are simulated on the "gpu" preset (an 8B model on one
 H100, adaptspec/policy.py), for the ratios a GPU deployment could expect.
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +42,18 @@ import numpy as np
 
 from adaptspec import simulator as sim
 from adaptspec.policy import CostModel, Policy, load_policy
+from adaptspec.steps import engine_steps, summarize
 
 # How far a prediction may be from the measurement (issue: within 15%).
 TOLERANCE = 0.15
-# Requests per simulated concurrency (times the concurrency, at least MIN_SIM_REQUESTS).
+# Requests per simulated batch size (times the batch, at least MIN_SIM_REQUESTS).
 SIM_REQUESTS_PER_SLOT, MIN_SIM_REQUESTS = 12, 96
 GPU_LOADS = (1, 4, 16, 64, 256)
-# Coefficients the fit sets, in the order of _features' columns (and knee_tokens); the rest of
-# the cpu preset is kept.
-FITTED = ("base_ms", "per_request_ms", "per_draft_token_ms", "spec_overhead_ms",
-          "per_draft_position_ms", "over_knee_ms", "per_request_pass_ms")
-# Knees tried (tokens verified per step where extra tokens start to cost more): below it a CPU
-# decode step streams the weights once whatever the tokens (memory-bound), above it computes.
+# Speculation coefficients the fit sets, in the order of _spec_features' columns (and
+# knee_tokens); plain decoding's step time is the table plain_step_ms.
+FITTED = ("per_draft_token_ms", "spec_overhead_ms", "per_draft_position_ms", "over_knee_ms",
+          "per_request_pass_ms")
+# Knees tried (tokens verified per step where extra tokens start to cost more).
 KNEES = (2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0)
 
 
@@ -76,19 +80,33 @@ def _expected_max(dist: dict[str, float], batch: float) -> float:
     return out
 
 
-def _num(s: dict[str, Any], key: str, default: float) -> float:
-    v = s.get(key)
-    return float(v) if v is not None and math.isfinite(float(v)) else default
+def cell_steps(result: dict[str, Any], name: str, conc: str) -> dict[str, Any]:
+    """A cell's engine steps (adaptspec.steps.summarize): from its summary, or rebuilt from the
+    requests' chunk times of a bench.json written with --raw before summaries carried them."""
+    s = result["summary"][name][conc]
+    if "engine_steps" in s:
+        return s["engine_steps"]
+    raw = (result.get("raw") or {}).get(name, {})
+    cell = raw.get(conc) or raw.get(int(conc)) if raw else None
+    if cell is None:
+        raise ValueError(
+            f"{name} at concurrency {conc}: no engine steps in this bench.json (written before "
+            "adaptspec recorded them, without --raw); run `adaptspec bench` again")
+    return summarize(engine_steps(cell["requests"]))
 
 
-def observations(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (configuration, concurrency) of a bench.json: what the fit needs.
+def observations(result: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[tuple[str, int],
+                                                                            dict[str, Any]]]:
+    """What the fit needs of a bench.json: one row per (configuration, concurrency, batch size)
+    of pure decode steps, and one entry per cell.
 
-    step_ms is the median gap between two outputs of a request (a gap that spans another
-    request's prefill is an outlier, not a decode step); batch is the number of requests
-    decoding while any was; engine_steps the decode steps the cell took; other_s the rest of its
-    wall time (prompts prefilled while nothing decoded, start and end of the stream)."""
-    rows = []
+    A row: steps, their mean step_ms, the decode tokens they gave, and the drafts they verified
+    (spec_tokens: the cell's draft tokens per request-step, from vLLM's counters, times the
+    batch) and the longest draft max_k (static K; adaptspec's in expectation over the batch,
+    from its chosen-K histogram). A cell: its output tokens/s, output tokens and other_s, the
+    time of its steps that were not pure decode steps."""
+    rows: list[dict[str, Any]] = []
+    cells: dict[tuple[str, int], dict[str, Any]] = {}
     for cfg in result["configs"]:
         fam = _family(cfg)
         static_k = None if cfg["adaptive"] or cfg["spec"] is None else (
@@ -96,78 +114,100 @@ def observations(result: dict[str, Any]) -> list[dict[str, Any]]:
         for c, s in result["summary"][cfg["name"]].items():
             if not s.get("request_steps"):
                 continue
-            batch = max(_num(s, "decode_batch", float(s["mean_batch"])), 1.0)
-            steps = s["request_steps"] / batch  # engine steps
-            spec = s["vllm_draft_tokens"] / steps if steps else 0.0
-            if static_k is not None:
-                max_k = float(static_k)
-            elif cfg["adaptive"]:
+            st = cell_steps(result, cfg["name"], c)
+            rate = s["vllm_draft_tokens"] / s["request_steps"]
+            dist: dict[str, float] = {}
+            if cfg["adaptive"]:
                 # The controller's K, as vLLM drafts it: at most the configured K (the
                 # scheduler's draft budget), and a draft model passes at least once a step.
                 cap = (cfg["spec"] or {}).get("num_speculative_tokens", 1 << 30)
                 floor = 1 if fam == "draft_model" else 0
-                dist: dict[str, float] = {}
                 for row in s["classes"].values():
                     for k, n in row.get("k_distribution", {}).items():
                         k = str(min(max(int(k.lstrip(">")), floor), cap))
                         dist[k] = dist.get(k, 0.0) + n
-                max_k = _expected_max(dist, batch)
-            else:
-                max_k = 0.0
-            step_ms = _num(s, "step_ms_median", float(s["step_ms_mean"]))
-            wall = _num(s, "wall_s", 0.0)
-            rows.append({
-                "config": cfg["name"], "family": fam, "adaptive": bool(cfg["adaptive"]),
-                "static_k": static_k, "concurrency": int(c), "batch": batch,
-                "step_ms": step_ms, "spec_tokens": spec, "max_k": max_k,
-                "tokens_per_request_step": s["decode_tokens"] / s["request_steps"],
-                "tok_per_s": float(s["tok_per_s"]), "engine_steps": steps,
-                "other_s": max(wall - steps * step_ms / 1e3, 0.0) if wall else 0.0,
-                "draft_rate": min(s.get("vllm_drafts", 0.0) / s["request_steps"], 1.0),
-            })
-    return rows
+            key = (cfg["name"], int(c))
+            cells[key] = {"config": cfg["name"], "family": fam, "adaptive": bool(cfg["adaptive"]),
+                          "concurrency": int(c), "tok_per_s": float(s["tok_per_s"]),
+                          "output_tokens": float(s["output_tokens"]),
+                          "other_s": float(st["other_s"]), "static_k": static_k,
+                          "draft_rate": min(s.get("vllm_drafts", 0.0) / s["request_steps"], 1.0)}
+            for b, (n, ms, tokens) in st["decode"].items():
+                batch = int(b)
+                max_k = (float(static_k) if static_k is not None
+                         else _expected_max(dist, batch) if cfg["adaptive"] else 0.0)
+                rows.append({"config": cfg["name"], "family": fam, "adaptive": cfg["adaptive"],
+                             "concurrency": int(c), "batch": batch, "steps": float(n),
+                             "step_ms": float(ms), "tokens": float(tokens),
+                             "spec_tokens": rate * batch, "max_k": max_k})
+    return rows, cells
 
 
-def _features(rows: list[dict[str, Any]], knee: float = 1.0) -> np.ndarray:
-    """[n, 7]: 1, B, S, proposer on, draft passes, max(0, B + S - knee), draft-model tokens, in
-    FITTED order.
+def _spec_features(r: dict[str, Any], knee: float) -> list[float]:
+    """S, proposer on, draft passes, max(0, B + S - knee), draft-model tokens (FITTED order).
 
     A draft model passes once per position of the longest draft, and at least once a step even
     when nothing is drafted (its first pass keeps the draft's KV cache in step with the target;
     adaptspec sets vLLM's per-step draft count to the longest K, so a batch at K = 0 still pays
     one pass). Each pass also costs per token it runs: the first pass runs every request's
-    verified tokens (B + S), the others one token per request, S + B * passes in all; on two
-    CPU cores a 0.5B draft over a batch of 6 costs several times its pass at batch 1. An n-gram
+    verified tokens (B + S), the others one token per request, S + B * passes in all. An n-gram
     proposer has no passes; its fixed cost comes with a draft."""
-    return np.array([_row_features(r, knee) for r in rows])
-
-
-def _row_features(r: dict[str, Any], knee: float) -> list[float]:
     b, s = r["batch"], r["spec_tokens"]
     passes = max(r["max_k"], 1.0) if r["family"] == "draft_model" else 0.0
-    return [1.0, b, s, float(s > 0 or passes > 0), passes, max(0.0, b + s - knee),
+    return [s, float(s > 0 or passes > 0), passes, max(0.0, b + s - knee),
             s + b * passes if passes else 0.0]
 
 
-def fit_cost(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Non-negative least squares in relative error on the cells without adaptspec; then with a
-    hinge at each knee of KNEES, kept where it cuts the squared error by a tenth or more (a
-    hinge below every measured batch is a copy of the other features)."""
+def _hats(batch: float, knots: list[float]) -> list[float]:
+    """Weights of `batch` on piecewise-linear basis functions at `knots` (linear beyond the
+    first and last, constant with one knot)."""
+    out = [0.0] * len(knots)
+    if len(knots) == 1:
+        out[0] = 1.0
+        return out
+    j = min(max(int(np.searchsorted(knots, batch)) - 1, 0), len(knots) - 2)
+    w = (batch - knots[j]) / (knots[j + 1] - knots[j])
+    out[j], out[j + 1] = 1.0 - w, w
+    return out
+
+
+def _features(rows: list[dict[str, Any]], knots: list[float], knee: float) -> np.ndarray:
+    return np.array([_hats(r["batch"], knots) + _spec_features(r, knee) for r in rows])
+
+
+def plain_step_ms(cost: dict[str, Any], batch: float) -> float:
+    """The fitted plain decoding step time at a batch size (linear between measured sizes)."""
+    table = cost["plain_step_ms"]
+    knots = sorted(float(b) for b in table)
+    return float(np.dot(_hats(batch, knots), [table[str(int(b))] for b in knots]))
+
+
+def fit_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Non-negative least squares in relative error, each row weighing as many steps as it
+    holds, on the cells without adaptspec; then with a hinge at each knee of KNEES, kept where
+    it cuts the squared error by a tenth or more. Plain decoding's step time is free at each
+    batch size none decoded at (between them linear)."""
     from sklearn.linear_model import LinearRegression
 
     train = [r for r in rows if not r["adaptive"]]
-    if len(train) < 2:
-        raise ValueError("calibration needs at least two measured cells without adaptspec")
+    knots = sorted({float(r["batch"]) for r in train if r["family"] == "none"})
+    if not knots or len({r["config"] for r in train}) < 2:
+        raise ValueError("calibration needs decode steps of no speculation and of at least one "
+                         "static configuration")
     y = np.array([r["step_ms"] for r in train])
-    w = 1.0 / y  # relative error: divide each row by its own time
+    w = np.sqrt([r["steps"] for r in train]) / y  # relative error, per step
 
-    def fit(knee: float) -> tuple[float, dict[str, float]]:
-        x = _features(train, knee)
+    def fit(knee: float) -> tuple[float, dict[str, Any]]:
+        x = _features(train, knots, knee)
         if not math.isfinite(knee):
-            x[:, -1] = 0.0
+            x[:, len(knots) + 3] = 0.0
         reg = LinearRegression(fit_intercept=False, positive=True).fit(x * w[:, None], y * w)
-        coef = {k: float(v) for k, v in zip(FITTED, reg.coef_, strict=True)}
-        return float(np.sum(((x @ reg.coef_) * w - 1.0) ** 2)), {**coef, "knee_tokens": knee}
+        coef = reg.coef_
+        out: dict[str, Any] = {k: float(v) for k, v in zip(FITTED, coef[len(knots):],
+                                                            strict=True)}
+        out["plain_step_ms"] = {str(int(b)): float(v) for b, v in zip(knots, coef, strict=False)}
+        return float(np.sum(((x @ coef) * w - np.sqrt([r["steps"] for r in train])) ** 2)), {
+            **out, "knee_tokens": knee}
 
     err, best = fit(math.inf)
     best = {**best, "knee_tokens": KNEES[-1], "over_knee_ms": 0.0}
@@ -179,59 +219,65 @@ def fit_cost(rows: list[dict[str, Any]]) -> dict[str, float]:
     return best
 
 
-def predict_step_ms(cost: dict[str, float], rows: list[dict[str, Any]]) -> np.ndarray:
-    return _features(rows, cost.get("knee_tokens", 1.0)) @ np.array(
-        [cost.get(k, 0.0) for k in FITTED])
+def predict_step_ms(cost: dict[str, Any], rows: list[dict[str, Any]]) -> np.ndarray:
+    spec = np.array([_spec_features(r, cost["knee_tokens"]) for r in rows]).reshape(len(rows), -1)
+    return np.array([plain_step_ms(cost, r["batch"]) for r in rows]) + spec @ np.array(
+        [cost[k] for k in FITTED])
 
 
-def _reference_rows(rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+def _reference_cells(cells: dict[tuple[str, int], dict[str, Any]]
+                     ) -> dict[tuple[str, int], dict[str, Any]]:
     """Per (family, concurrency) the cell the family's fits come from: none's own, and for a
     proposer family its static run with the largest K."""
     ref: dict[tuple[str, int], dict[str, Any]] = {}
-    for r in rows:
-        if r["adaptive"]:
+    for c in cells.values():
+        if c["adaptive"]:
             continue
-        key = (r["family"], r["concurrency"])
-        if key not in ref or (r["static_k"] or 0) > (ref[key]["static_k"] or 0):
-            ref[key] = r
+        key = (c["family"], c["concurrency"])
+        if key not in ref or (c["static_k"] or 0) > (ref[key]["static_k"] or 0):
+            ref[key] = c
     return ref
 
 
 def _other_s(ref: dict[tuple[str, int], dict[str, Any]], family: str, concurrency: int
              ) -> float:
-    """Time of a cell outside decode steps, as measured on its family's reference cell:
+    """Time of a cell outside pure decode steps, as measured on its family's reference cell:
     prefill does not depend on K, but a draft model prefills the prompt too."""
     cell = ref.get((family, concurrency)) or ref.get(("none", concurrency))
     return cell["other_s"] if cell else 0.0
 
 
-def step_time_check(rows: list[dict[str, Any]], cost: dict[str, float]) -> list[dict[str, Any]]:
-    """Per cell: predicted and measured throughput ratio to no speculation. A cell's predicted
-    wall time is its engine steps times the predicted step time, plus the time outside decode
-    steps of its family's reference cell."""
-    pred_ms = predict_step_ms(cost, rows)
-    ref = _reference_rows(rows)
-    pred_tps = {}
-    for r, t in zip(rows, pred_ms, strict=True):
-        decode_tps = r["batch"] * r["tokens_per_request_step"] / t * 1e3
-        tokens = r["engine_steps"] * r["batch"] * r["tokens_per_request_step"]
-        pred_tps[(r["config"], r["concurrency"])] = tokens / (
-            tokens / decode_tps + _other_s(ref, r["family"], r["concurrency"]))
+def _ratio_cells(cells: dict[tuple[str, int], dict[str, Any]],
+                 decode_s: dict[tuple[str, int], float], in_fit: Callable[[str], bool]
+                 ) -> list[dict[str, Any]]:
+    """Predicted and measured ratio of output tokens/s to no speculation, per cell, from each
+    cell's predicted decode time and its family's reference time outside decode steps."""
+    ref = _reference_cells(cells)
+    pred_tps = {key: cells[key]["output_tokens"] / (
+        t + _other_s(ref, cells[key]["family"], key[1])) for key, t in decode_s.items()}
     out = []
-    for r, t in zip(rows, pred_ms, strict=True):
-        key0 = ("none", r["concurrency"])
-        none = next((x for x in rows if (x["config"], x["concurrency"]) == key0), None)
-        if none is None or r["config"] == "none":
+    for (name, conc), cell in cells.items():
+        if name == "none" or (name, conc) not in pred_tps or ("none", conc) not in pred_tps:
             continue
-        measured = r["tok_per_s"] / none["tok_per_s"]
-        predicted = pred_tps[(r["config"], r["concurrency"])] / pred_tps[key0]
-        out.append({"config": r["config"], "concurrency": r["concurrency"],
-                    "in_fit": not r["adaptive"], "step_ms": round(r["step_ms"], 3),
-                    "predicted_step_ms": round(float(t), 3),
+        measured = cell["tok_per_s"] / cells[("none", conc)]["tok_per_s"]
+        predicted = pred_tps[(name, conc)] / pred_tps[("none", conc)]
+        out.append({"config": name, "concurrency": conc, "in_fit": in_fit(name),
                     "measured_over_none": round(measured, 4),
                     "predicted_over_none": round(float(predicted), 4),
                     "error": round(float(predicted / measured - 1.0), 4)})
     return out
+
+
+def step_time_check(rows: list[dict[str, Any]], cells: dict[tuple[str, int], dict[str, Any]],
+                    cost: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per cell: predicted and measured throughput ratio to no speculation. A cell's predicted
+    decode time is its decode steps at each batch size times the predicted step time there."""
+    decode_s: dict[tuple[str, int], float] = {}
+    for r, t in zip(rows, predict_step_ms(cost, rows), strict=True):
+        key = (r["config"], r["concurrency"])
+        decode_s[key] = decode_s.get(key, 0.0) + r["steps"] * float(t) / 1e3
+    adaptive = {c["config"] for c in cells.values() if c["adaptive"]}
+    return _ratio_cells(cells, decode_s, lambda name: name not in adaptive)
 
 
 # ------------------------------------------------------------------------------ simulation
@@ -289,12 +335,6 @@ def _class_mix(result: dict[str, Any]) -> dict[str, float]:
     return {cls: n / total for cls, n in sorted(counts.items())}
 
 
-def _interpolate(by_batch: dict[int, float], batch: float) -> float:
-    """A value given at whole batches, at a fractional one (linear between its neighbours)."""
-    lo, hi = by_batch[math.floor(batch)], by_batch[math.ceil(batch)]
-    return lo + (hi - lo) * (batch - math.floor(batch))
-
-
 def _drafter_cost(cost: CostModel, family: str, k: int) -> CostModel:
     """The cost of a configuration whose proposer may draft up to k tokens. A draft model's
     fixed cost is paid every step, whatever is drafted: folded into the base; its passes cost
@@ -309,11 +349,12 @@ def _drafter_cost(cost: CostModel, family: str, k: int) -> CostModel:
 
 
 def simulate_family(result: dict[str, Any], alphas: dict[str, float],
-                    cost: CostModel, policy: Policy, loads: list[int], ks: list[int],
-                    seed: int = 0, family: str = "ngram", draft_rate: float = 1.0,
-                    ) -> dict[str, dict[int, float]]:
+                    cost: CostModel | Callable[[int], CostModel], policy: Policy,
+                    loads: list[int], ks: list[int], seed: int = 0, family: str = "ngram",
+                    draft_rate: float = 1.0) -> dict[str, dict[int, float]]:
     """Decode tokens/s of none, static K (every class, latency-critical too, as vLLM does) and
-    the adaptspec controller (K up to max(ks)) on the benchmark's class mix, per load."""
+    the adaptspec controller (K up to max(ks)) on the benchmark's class mix, per load (a batch
+    of that many requests). cost: the step time, or a function giving it per load."""
     mix = _class_mix(result)
     names = list(mix)
     sizes = result["sizes"]
@@ -321,6 +362,7 @@ def simulate_family(result: dict[str, Any], alphas: dict[str, float],
     out: dict[str, dict[int, float]] = {}
     width = max([*ks, policy.k_max, 1])
     for conc in loads:
+        cost_here = cost(conc) if callable(cost) else cost
         rng = np.random.default_rng([seed, conc])
         n = max(MIN_SIM_REQUESTS, SIM_REQUESTS_PER_SLOT * conc)
         share = np.array([mix[c] for c in names])
@@ -340,14 +382,14 @@ def simulate_family(result: dict[str, Any], alphas: dict[str, float],
         # vLLM's static K drafts for every request, latency-critical ones too.
         no_lc = np.zeros(len(names), dtype=bool)
         runs: dict[str, tuple[sim.Chooser, CostModel]] = {
-            "none": (sim.FixedK(stream, np.zeros(len(names)), no_lc, cost, conc),
-                     _drafter_cost(cost, family, 0))}
+            "none": (sim.FixedK(stream, np.zeros(len(names)), no_lc, cost_here, conc),
+                     _drafter_cost(cost_here, family, 0))}
         for k in ks:
-            c_k = _drafter_cost(cost, family, k)
+            c_k = _drafter_cost(cost_here, family, k)
             runs[f"static_{k}"] = (sim.FixedK(stream, np.full(len(names), k), no_lc, c_k, conc),
                                    c_k)
         runs["adaptive"] = (sim.Adaptive(policy, stream, conc, seed),
-                            _drafter_cost(cost, family, max(ks)))
+                            _drafter_cost(cost_here, family, max(ks)))
         passes = 1 if family == "draft_model" else 0
         for name, (chooser, c_run) in runs.items():
             run = sim.simulate(stream, conc, n_done, c_run, noise, chooser,
@@ -369,6 +411,17 @@ def _adaptive_name(result: dict[str, Any], family: str) -> str | None:
                  if c["adaptive"] and _family(c) == family), None)
 
 
+def cost_at(fitted: dict[str, Any]) -> Callable[[int], CostModel]:
+    """The fitted step time as the simulator's CostModel at each batch size: its base is
+    plain decoding's step time there (less the hinge the formula adds back)."""
+    def at(batch: int) -> CostModel:
+        coef = {k: fitted[k] for k in FITTED}
+        hinge = coef["over_knee_ms"] * max(0.0, batch - fitted["knee_tokens"])
+        return CostModel(preset="cpu", per_request_ms=0.0, knee_tokens=fitted["knee_tokens"],
+                         base_ms=max(plain_step_ms(fitted, batch) - hinge, 0.0), **coef)
+    return at
+
+
 def calibrate(result: dict[str, Any], policy: Policy | None = None, seed: int = 0
               ) -> dict[str, Any]:
     """Both checks and the gpu-preset report for one bench.json (see the module docstring)."""
@@ -377,13 +430,9 @@ def calibrate(result: dict[str, Any], policy: Policy | None = None, seed: int = 
                                     for name, by_c in result["summary"].items()}}
     if policy is None:
         policy = load_policy(result.get("policy") or None)
-    rows = observations(result)
+    rows, cells = observations(result)
     fitted = fit_cost(rows)
-    cpu = CostModel(preset="cpu", **fitted)
-    step_cells = step_time_check(rows, fitted)
-    loads = sorted({r["concurrency"] for r in rows})
-    ref = _reference_rows(rows)
-    by_cell = {(r["config"], r["concurrency"]): r for r in rows}
+    step_cells = step_time_check(rows, cells, fitted)
     sim_cells, families = [], {}
     gpu: dict[str, Any] = {}
     gpu_cost = CostModel(preset="gpu")
@@ -395,39 +444,23 @@ def calibrate(result: dict[str, Any], policy: Policy | None = None, seed: int = 
         ks = sorted(c["spec"]["num_speculative_tokens"] for c in result["configs"]
                     if _family(c) == family and not c["adaptive"] and c["spec"] is not None)
         fam_policy = policy.model_copy(update={"k_max": min(policy.k_max, max(ks))})
-        # Each cell is simulated at the batch the engine decoded it at: prompts are admitted a
-        # few at a time, so 16 clients decode ~6 requests at once, and how many depends on the
-        # configuration (none decoded 7.8 at once in a run where draft_model K=2 decoded 5.9,
-        # which alone is worth 15% of throughput). Between whole batches: interpolated.
         names = {f"static_{k}": _static_name(result, family, k) for k in ks}
         names.update(none="none", adaptive=_adaptive_name(result, family))
-        batch_of = {(sim_name, c): by_cell[(real, c)]["batch"]
-                    for sim_name, real in names.items() for c in loads if (real, c) in by_cell}
-        sim_tps = simulate_family(result, alphas, cpu, fam_policy, sorted(
-            {f(b) for b in batch_of.values() for f in (math.floor, math.ceil)}), ks, seed,
-            family, rate)
-        tps = {cell: _interpolate(sim_tps[cell[0]], b) for cell, b in batch_of.items()}
+        real_to_sim = {real: sim_name for sim_name, real in names.items() if real}
+        fam_rows = [r for r in rows if r["config"] in real_to_sim]
+        # Every batch size a cell decoded at is simulated as a batch of that many requests; a
+        # cell's decode time is the tokens it decoded at each over the throughput there.
+        sim_tps = simulate_family(result, alphas, cost_at(fitted), fam_policy,
+                                  sorted({r["batch"] for r in fam_rows}), ks, seed, family, rate)
+        decode_s: dict[tuple[str, int], float] = {}
+        for r in fam_rows:
+            key = (r["config"], r["concurrency"])
+            decode_s[key] = decode_s.get(key, 0.0) + r["tokens"] / sim_tps[
+                real_to_sim[r["config"]]][r["batch"]]
+        fam_cells = {key: c for key, c in cells.items() if key[0] in real_to_sim}
+        sim_cells += _ratio_cells(fam_cells, decode_s, lambda name, src=source: name == src)
         families[family] = {"alpha": {c: round(a, 4) for c, a in alphas.items()},
                             "alpha_from": source, "draft_rate": round(rate, 4)}
-        for conc in loads:
-            none = by_cell.get(("none", conc))
-            if none is None:
-                continue
-            # The simulator gives decode throughput; the measured ratio also counts the time
-            # outside decode steps (prefill), taken from none's and the family's reference cell.
-            decode_none = none["engine_steps"] * none["step_ms"] / 1e3
-            fam_other = _other_s(ref, family, conc)
-            for sim_name, real in names.items():
-                if sim_name == "none" or real is None or (real, conc) not in by_cell:
-                    continue
-                measured = by_cell[(real, conc)]["tok_per_s"] / none["tok_per_s"]
-                wall = fam_other + decode_none * tps[("none", conc)] / tps[(sim_name, conc)]
-                predicted = (none["other_s"] + decode_none) / wall
-                sim_cells.append({"config": real, "concurrency": conc,
-                                  "in_fit": real == source,
-                                  "measured_over_none": round(measured, 4),
-                                  "predicted_over_none": round(predicted, 4),
-                                  "error": round(predicted / measured - 1.0, 4)})
         # A GPU deployment sets its cost prior to its hardware (cost_model.preset: gpu).
         g = simulate_family(result, alphas, gpu_cost,
                             sim.controller_policy(fam_policy, "gpu", "engine"),
@@ -447,7 +480,9 @@ def calibrate(result: dict[str, Any], policy: Policy | None = None, seed: int = 
         return round(max(errs), 4) if errs else None
 
     return {
-        "cost_model_cpu": {k: round(v, 4) for k, v in fitted.items()},
+        "cost_model_cpu": {k: (round(v, 4) if isinstance(v, float) else
+                               {b: round(x, 2) for b, x in v.items()})
+                           for k, v in fitted.items()},
         "step_time_check": step_cells,
         "step_time_worst_error": worst(step_cells, False),
         "acceptance": families,
@@ -463,8 +498,10 @@ def calibrate(result: dict[str, Any], policy: Policy | None = None, seed: int = 
 
 
 def format_report(cal: dict[str, Any]) -> str:
-    lines = ["calibrated cpu step time (ms): " + ", ".join(
-        f"{k} {v:.2f}" for k, v in cal["cost_model_cpu"].items())]
+    cpu = cal["cost_model_cpu"]
+    lines = ["calibrated cpu step time (ms): plain decoding by batch size " + ", ".join(
+        f"{b}: {v:.0f}" for b, v in cpu["plain_step_ms"].items()) + "; " + ", ".join(
+        f"{k} {v:.2f}" for k, v in cpu.items() if k != "plain_step_ms")]
     for title, key in (("step-time model (measured acceptance)", "step_time_check"),
                        ("simulator (fitted acceptance)", "simulator_check")):
         lines.append(f"{title}: ratio to no speculation, predicted vs measured")

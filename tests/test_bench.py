@@ -52,6 +52,14 @@ def test_summary_records_what_calibration_fits() -> None:
     assert s["step_ms_mean"] == pytest.approx((100 + 100 + 50 + 50) / 4)
     assert s["mean_batch"] == pytest.approx((0.2 + 0.1) / 0.5)
     assert (s["vllm_drafts"], s["vllm_draft_tokens"], s["vllm_accepted_tokens"]) == (4, 8, 2)
+    # the engine steps: a prefilled alone (to 0.1 s), b prefilled while a decoded (to 0.2 s),
+    # then b decoded alone (0.25 s) and both together (0.3 s)
+    st = s["engine_steps"]
+    assert st["steps"] == 4
+    assert st["other_s"] == pytest.approx(0.2)
+    assert st["decode"].keys() == {"1", "2"}
+    assert st["decode"]["1"] == pytest.approx([1, 50.0, 1])
+    assert st["decode"]["2"] == pytest.approx([1, 50.0, 3])
 
 
 def test_summary_separates_decode_time_from_unoverlapped_prefill() -> None:

@@ -9,8 +9,11 @@ import pytest
 from adaptspec import calibrate
 from adaptspec.policy import Policy, policy_from_dict
 
-TRUE = {"base_ms": 40.0, "per_request_ms": 6.0, "per_draft_token_ms": 3.0,
-        "spec_overhead_ms": 5.0, "per_draft_position_ms": 20.0, "per_request_pass_ms": 2.0}
+TRUE = {"per_draft_token_ms": 3.0, "spec_overhead_ms": 5.0, "per_draft_position_ms": 20.0,
+        "per_request_pass_ms": 2.0}
+# Plain decoding's step time by batch size, not monotone (as on two CPU cores: 4 requests step
+# faster than 1); the calibration must recover it, not a line through it.
+PLAIN = {1: 60.0, 4: 52.0, 16: 136.0}
 CLASSES = {"code": 0.85, "chat": 0.5, "interactive": 0.6}
 
 
@@ -20,9 +23,9 @@ def _expected_tokens(alpha: float, k: int) -> float:
 
 def _cell(cfg: dict, conc: int, k_by_class: dict[str, int], rate: float = 1.0,
           prefill_s: float = 0.0) -> dict:
-    """A summary cell as `adaptspec bench` writes it, from the true curve and acceptance. An
-    n-gram proposer has a draft at a share `rate` of request-steps; prefill_s is the cell's time
-    outside decode steps."""
+    """A summary cell as `adaptspec bench` writes it, from the true curve and acceptance: every
+    decode step at a batch of `conc`, and prefill_s in steps that prefilled. An n-gram proposer
+    has a draft at a share `rate` of request-steps."""
     family = calibrate._family(cfg)
     rate = rate if family == "ngram" else 1.0
     reqs = {"code": 2 * conc, "chat": 2 * conc, "interactive": conc}
@@ -35,7 +38,7 @@ def _cell(cfg: dict, conc: int, k_by_class: dict[str, int], rate: float = 1.0,
     request_steps = sum(steps_class.values())
     draft_tokens = rate * sum(steps_class[c] * k_by_class[c] for c in reqs)
     drafts = rate * sum(steps_class[c] for c in reqs if k_by_class[c])
-    batch = float(conc)
+    batch = conc
     engine_steps = request_steps / batch
     spec = draft_tokens / engine_steps
     max_k = max(k_by_class.values())
@@ -46,7 +49,7 @@ def _cell(cfg: dict, conc: int, k_by_class: dict[str, int], rate: float = 1.0,
             key = str(max(int(k), 1)) if family == "draft_model" else k
             passes[key] = passes.get(key, 0.0) + n
         max_k = calibrate._expected_max(passes, batch)
-    step = (TRUE["base_ms"] + TRUE["per_request_ms"] * batch + TRUE["per_draft_token_ms"] * spec
+    step = (PLAIN[batch] + TRUE["per_draft_token_ms"] * spec
             + TRUE["spec_overhead_ms"] * (spec > 0 or family == "draft_model")
             + (TRUE["per_draft_position_ms"] * max(max_k, 1)
                + TRUE["per_request_pass_ms"] * (spec + batch * max(max_k, 1))
@@ -60,9 +63,10 @@ def _cell(cfg: dict, conc: int, k_by_class: dict[str, int], rate: float = 1.0,
             classes[cls]["k_distribution"] = {str(k_by_class[cls]): steps_class[cls]}
         assert sum(len(c["k_distribution"]) for c in classes.values()) == len(k_dist)
     return {"tok_per_s": tokens / wall, "request_steps": request_steps, "wall_s": wall,
-            "output_tokens": tokens, "decode_tokens": tokens - total, "step_ms_mean": step,
-            "step_ms_median": step, "mean_batch": batch, "decode_batch": batch,
-            "vllm_draft_tokens": draft_tokens, "vllm_drafts": drafts, "classes": classes}
+            "output_tokens": tokens, "decode_tokens": tokens - total,
+            "vllm_draft_tokens": draft_tokens, "vllm_drafts": drafts, "classes": classes,
+            "engine_steps": {"decode": {str(batch): [engine_steps, step, tokens - total]},
+                             "other_s": prefill_s, "steps": engine_steps + total}}
 
 
 def _result(rate: float = 1.0, prefill_s: float = 0.0) -> dict:
@@ -91,22 +95,28 @@ def _result(rate: float = 1.0, prefill_s: float = 0.0) -> dict:
 
 
 def test_step_time_fit_recovers_the_true_curve() -> None:
-    rows = calibrate.observations(_result())
+    rows, cells = calibrate.observations(_result())
     fitted = calibrate.fit_cost(rows)
     for key, value in TRUE.items():
         assert fitted[key] == pytest.approx(value, rel=1e-3, abs=1e-3), key
-    check = calibrate.step_time_check(rows, fitted)
+    for batch, ms in PLAIN.items():
+        assert calibrate.plain_step_ms(fitted, batch) == pytest.approx(ms, rel=1e-3), batch
+    # between measured batch sizes: linear
+    assert calibrate.plain_step_ms(fitted, 10) == pytest.approx((52.0 + 136.0) / 2, rel=1e-3)
+    check = calibrate.step_time_check(rows, cells, fitted)
     assert check and max(abs(c["error"]) for c in check) < 1e-3
     # the adaptive cells were not in the fit, and still predicted
     assert any(c["config"] == "adaptspec_draft" and not c["in_fit"] for c in check)
 
 
 def test_fit_ignores_adaptive_cells() -> None:
-    rows = calibrate.observations(_result())
+    rows, _ = calibrate.observations(_result())
     for r in rows:
         if r["adaptive"]:
             r["step_ms"] *= 10  # a wild adaptive measurement must not move the fit
-    assert calibrate.fit_cost(rows)["base_ms"] == pytest.approx(TRUE["base_ms"], rel=1e-3)
+    fitted = calibrate.fit_cost(rows)
+    assert calibrate.plain_step_ms(fitted, 4) == pytest.approx(PLAIN[4], rel=1e-3)
+    assert fitted["per_draft_position_ms"] == pytest.approx(20.0, rel=1e-3)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.7, 0.95])
@@ -163,7 +173,7 @@ def test_simulator_check_accounts_for_missing_drafts_and_prefill() -> None:
 
 
 def test_calibration_needs_static_cells() -> None:
-    with pytest.raises(ValueError, match="at least two"):
+    with pytest.raises(ValueError, match="at least one static"):
         calibrate.fit_cost([])
     assert isinstance(Policy(), Policy)
 
@@ -177,7 +187,7 @@ def test_adaptive_k_is_counted_as_vllm_drafts_it() -> None:
     classes["code"]["k_distribution"] = {"7": 3.0, ">8": 2.0}
     classes["chat"]["k_distribution"] = {"0": 5.0}
     classes["interactive"]["k_distribution"] = {}
-    row = next(r for r in calibrate.observations(result)
+    row = next(r for r in calibrate.observations(result)[0]
                if r["config"] == "adaptspec_draft" and r["concurrency"] == 4)
     assert row["max_k"] == pytest.approx(calibrate._expected_max({"4": 5.0, "1": 5.0}, 4.0))
     # an n-gram proposer drafts nothing at K = 0
@@ -185,7 +195,24 @@ def test_adaptive_k_is_counted_as_vllm_drafts_it() -> None:
     classes["code"]["k_distribution"] = {"0": 5.0}
     classes["chat"]["k_distribution"] = {">8": 5.0}
     classes["interactive"]["k_distribution"] = {}
-    row = next(r for r in calibrate.observations(result)
+    row = next(r for r in calibrate.observations(result)[0]
                if r["config"] == "adaptspec_ngram" and r["concurrency"] == 4)
     assert row["max_k"] == pytest.approx(calibrate._expected_max({"0": 5.0, "8": 5.0}, 4.0))
     assert 0.0 < row["max_k"] < 8.0
+
+
+def test_steps_come_from_raw_requests_when_the_summary_lacks_them() -> None:
+    """A bench.json written with --raw before summaries carried engine steps still calibrates;
+    one without either says to run the benchmark again."""
+    result = _result()
+    summary = result["summary"]["none"]["4"]
+    summary.pop("engine_steps")
+    reqs = [{"start": 0.0, "chunk_times": [0.5, 0.6, 0.7], "chunk_tokens": [1, 1, 1]},
+            {"start": 0.0, "chunk_times": [0.5, 0.6, 0.7], "chunk_tokens": [1, 1, 1]}]
+    result["raw"] = {"none": {"4": {"requests": reqs}}}
+    got = calibrate.cell_steps(result, "none", "4")
+    assert got["decode"] == {"2": [2, pytest.approx(100.0), 4]}
+    assert got["other_s"] == pytest.approx(0.5)
+    result.pop("raw")
+    with pytest.raises(ValueError, match="run `adaptspec bench` again"):
+        calibrate.observations(result)

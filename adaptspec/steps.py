@@ -1,0 +1,98 @@
+"""Engine steps, reconstructed from the times clients received their tokens.
+
+vLLM streams each request's new tokens when the engine step that made them ends, so the chunks
+of all running requests arrive together, a few milliseconds apart, once a step; the next step
+takes hundreds of milliseconds on a CPU. Grouping a benchmark cell's chunk arrivals by those
+pauses gives its steps: when each ended, how many requests it decoded, how many tokens they got,
+and whether a prompt was prefilled in it (a request's first chunk). A request's inter-token gap
+cannot tell a decode step from one that also prefilled another request's prompt, nor how many
+requests shared it; a step can.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# Chunks of one step arrive within a few ms (the API server streams them one request after
+# another); steps are at least this far apart relative to the typical step. The floor keeps a
+# fast model's steps (a few ms on the tiny pair) from being split by scheduling jitter.
+SPLIT_FRACTION, MIN_SPLIT_S = 0.25, 0.002
+
+
+@dataclass(frozen=True)
+class Step:
+    """One engine step as the clients saw it.
+
+    end: seconds from the cell's start; duration: since the previous step ended (the first
+    step: since the first request was sent); decoded: requests that got decode tokens;
+    tokens: decode tokens they got; prefilled: requests that got their first token (their
+    prompt was prefilled in this step, or in steps that emitted nothing before it).
+    """
+
+    end: float
+    duration: float
+    decoded: int
+    tokens: int
+    prefilled: int
+
+    @property
+    def pure_decode(self) -> bool:
+        return self.prefilled == 0 and self.decoded > 0
+
+
+def arrivals(requests: list[dict[str, Any]]) -> np.ndarray:
+    """[n, 3]: arrival time in the cell's clock, tokens, first-chunk flag, sorted by time."""
+    rows = []
+    for r in requests:
+        start = float(r.get("start", 0.0))
+        for i, (t, n) in enumerate(zip(r["chunk_times"], r["chunk_tokens"], strict=True)):
+            rows.append((start + t, n, i == 0))
+    if not rows:
+        return np.zeros((0, 3))
+    out = np.array(rows, dtype=float)
+    return out[np.argsort(out[:, 0], kind="stable")]
+
+
+def engine_steps(requests: list[dict[str, Any]]) -> list[Step]:
+    """The steps of one cell (requests as `adaptspec bench` records them: start, chunk_times
+    from the request's start, chunk_tokens)."""
+    a = arrivals(requests)
+    if len(a) == 0:
+        return []
+    gaps = np.diff(a[:, 0])
+    # The typical step: the median of the larger gaps (the small ones are within a step).
+    big = gaps[gaps > MIN_SPLIT_S] if len(gaps) else gaps
+    split = max(MIN_SPLIT_S, SPLIT_FRACTION * float(np.median(big))) if len(big) else MIN_SPLIT_S
+    bounds = np.flatnonzero(gaps > split) + 1
+    t0 = min(float(r.get("start", 0.0)) for r in requests)
+    steps: list[Step] = []
+    for chunk in np.split(a, bounds):
+        end = float(chunk[-1, 0])
+        first = chunk[:, 2] > 0
+        steps.append(Step(end=end, duration=end - (steps[-1].end if steps else t0),
+                          decoded=int((~first).sum()), tokens=int(chunk[~first, 1].sum()),
+                          prefilled=int(first.sum())))
+    return steps
+
+
+def summarize(steps: list[Step]) -> dict[str, Any]:
+    """What adaptspec.calibrate needs of a cell's steps: per batch size, the pure decode steps
+    (count, mean duration in ms, decode tokens), and the time of every other step (prefills,
+    with whatever decoded beside them), in seconds. A mean, not a median: a speculative step's
+    time varies with the drafts it verified, and the cell's time is the sum."""
+    by: dict[int, list[Step]] = {}
+    other = 0.0
+    for s in steps:
+        if s.pure_decode:
+            by.setdefault(s.decoded, []).append(s)
+        else:
+            other += s.duration
+    return {
+        "decode": {str(b): [len(v), 1e3 * float(np.mean([s.duration for s in v])),
+                            sum(s.tokens for s in v)] for b, v in sorted(by.items())},
+        "other_s": other,
+        "steps": len(steps),
+    }

@@ -1,0 +1,84 @@
+"""adaptspec.steps: engine steps rebuilt from the chunk times clients saw, against a synthetic
+engine whose steps are known (batch, tokens, prefills, durations), with arrival jitter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adaptspec import steps
+
+
+def _engine(step_s: float, prefill_s: float, jitter_s: float, seed: int = 0
+            ) -> tuple[list[dict], list[tuple[float, int, int, int]]]:
+    """Closed-loop clients on a toy engine: 3 slots, 7 requests of 5 decode steps each. A step
+    prefills every waiting request (prefill_s each) and decodes the running ones (step_s, each
+    getting 1-3 tokens). Returns the requests as `adaptspec bench` records them and the true
+    steps (end, decoded, tokens, prefilled)."""
+    rng = np.random.default_rng(seed)
+    n_req, slots, length = 7, 3, 5
+    reqs = [{"start": 0.0, "chunk_times": [], "chunk_tokens": []} for _ in range(n_req)]
+    left = {i: length for i in range(slots)}  # running: decode steps left (-1: waiting)
+    waiting = list(range(slots))
+    nxt, t, truth = slots, 0.0, []
+    while left:
+        decoding = [i for i in left if i not in waiting]
+        t += step_s + prefill_s * len(waiting)
+        tokens = 0
+        for i in decoding:
+            n = int(rng.integers(1, 4))
+            tokens += n
+            reqs[i]["chunk_times"].append(t + rng.uniform(0, jitter_s) - reqs[i]["start"])
+            reqs[i]["chunk_tokens"].append(n)
+            left[i] -= 1
+        for i in waiting:
+            reqs[i]["chunk_times"].append(t + rng.uniform(0, jitter_s) - reqs[i]["start"])
+            reqs[i]["chunk_tokens"].append(1)
+        truth.append((t, len(decoding), tokens, len(waiting)))
+        waiting = []
+        for i in [i for i, n in left.items() if n == 0]:
+            del left[i]
+            if nxt < n_req:  # the client sends its next request right away
+                reqs[nxt]["start"] = t + jitter_s
+                left[nxt] = length
+                waiting.append(nxt)
+                nxt += 1
+    return reqs, truth
+
+
+@pytest.mark.parametrize(("step_s", "prefill_s", "jitter_s"),
+                         [(0.3, 2.0, 0.005), (0.005, 0.03, 0.0005)])
+def test_steps_match_the_engine(step_s: float, prefill_s: float, jitter_s: float) -> None:
+    reqs, truth = _engine(step_s, prefill_s, jitter_s)
+    got = steps.engine_steps(reqs)
+    assert [(s.decoded, s.tokens, s.prefilled) for s in got] == [x[1:] for x in truth]
+    ends = np.array([x[0] for x in truth])
+    durations = np.diff(ends, prepend=0.0)
+    assert np.allclose([s.duration for s in got], durations, atol=2 * jitter_s)
+    # a step that prefilled is not a decode step, whatever it also decoded
+    assert [s.pure_decode for s in got] == [x[3] == 0 and x[1] > 0 for x in truth]
+
+
+def test_summary_by_batch_and_other_time() -> None:
+    reqs, truth = _engine(0.3, 2.0, 0.002, seed=1)
+    s = steps.summarize(steps.engine_steps(reqs))
+    durations = np.diff([x[0] for x in truth], prepend=0.0)
+    pure = {}
+    for (_, decoded, tokens, prefilled), d in zip(truth, durations, strict=True):
+        if prefilled == 0 and decoded:
+            n, total, toks = pure.get(decoded, (0, 0.0, 0))
+            pure[decoded] = (n + 1, total + d, toks + tokens)
+    assert set(s["decode"]) == {str(b) for b in pure}
+    for b, (n, total, toks) in pure.items():
+        got_n, got_ms, got_tokens = s["decode"][str(b)]
+        assert (got_n, got_tokens) == (n, toks)
+        assert got_ms == pytest.approx(1e3 * total / n, abs=5.0)
+    prefill_time = sum(d for x, d in zip(truth, durations, strict=True)
+                       if x[3] or not x[1])
+    assert s["other_s"] == pytest.approx(prefill_time, abs=0.02)
+    assert s["steps"] == len(truth)
+
+
+def test_no_chunks_no_steps() -> None:
+    assert steps.engine_steps([{"start": 0.0, "chunk_times": [], "chunk_tokens": []}]) == []
+    assert steps.summarize([]) == {"decode": {}, "other_s": 0.0, "steps": 0}
