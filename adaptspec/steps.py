@@ -44,14 +44,15 @@ class Step:
 
 
 def arrivals(requests: list[dict[str, Any]]) -> np.ndarray:
-    """[n, 3]: arrival time in the cell's clock, tokens, first-chunk flag, sorted by time."""
+    """[n, 4]: arrival time in the cell's clock, tokens, first-chunk flag, request index;
+    sorted by time."""
     rows = []
-    for r in requests:
+    for j, r in enumerate(requests):
         start = float(r.get("start", 0.0))
         for i, (t, n) in enumerate(zip(r["chunk_times"], r["chunk_tokens"], strict=True)):
-            rows.append((start + t, n, i == 0))
+            rows.append((start + t, n, i == 0, j))
     if not rows:
-        return np.zeros((0, 3))
+        return np.zeros((0, 4))
     out = np.array(rows, dtype=float)
     return out[np.argsort(out[:, 0], kind="stable")]
 
@@ -64,12 +65,20 @@ def engine_steps(requests: list[dict[str, Any]]) -> list[Step]:
         return []
     gaps = np.diff(a[:, 0])
     # The typical step: the median of the larger gaps (the small ones are within a step).
-    big = gaps[gaps > MIN_SPLIT_S] if len(gaps) else gaps
+    big = gaps[gaps > MIN_SPLIT_S]
     split = max(MIN_SPLIT_S, SPLIT_FRACTION * float(np.median(big))) if len(big) else MIN_SPLIT_S
-    bounds = np.flatnonzero(gaps > split) + 1
+    # A new step where the pause is long, or where a request gets a second chunk (a step gives
+    # each request one: two steps closer together than the split would otherwise merge).
+    new = np.zeros(len(a), dtype=bool)
+    new[1:] = gaps > split
+    seen: set[int] = set()
+    for i, req in enumerate(a[:, 3].astype(int)):
+        if new[i] or req in seen:
+            new[i], seen = True, set()
+        seen.add(req)
     t0 = min(float(r.get("start", 0.0)) for r in requests)
     steps: list[Step] = []
-    for chunk in np.split(a, bounds):
+    for chunk in np.split(a, np.flatnonzero(new[1:]) + 1):
         end = float(chunk[-1, 0])
         first = chunk[:, 2] > 0
         steps.append(Step(end=end, duration=end - (steps[-1].end if steps else t0),

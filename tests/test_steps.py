@@ -82,3 +82,13 @@ def test_summary_by_batch_and_other_time() -> None:
 def test_no_chunks_no_steps() -> None:
     assert steps.engine_steps([{"start": 0.0, "chunk_times": [], "chunk_tokens": []}]) == []
     assert steps.summarize([]) == {"decode": {}, "other_s": 0.0, "steps": 0}
+
+
+def test_a_request_never_gets_two_chunks_in_one_step() -> None:
+    # two requests in a fast engine whose steps (1 ms) are closer than the split floor: the
+    # pause alone cannot separate them, the second chunk of a request does
+    reqs = [{"start": 0.0, "chunk_times": [0.010, 0.011, 0.012], "chunk_tokens": [1, 2, 1]},
+            {"start": 0.0, "chunk_times": [0.010, 0.011, 0.012], "chunk_tokens": [1, 1, 1]}]
+    got = steps.engine_steps(reqs)
+    assert [(s.decoded, s.tokens, s.prefilled) for s in got] == [(0, 0, 2), (2, 3, 0), (2, 2, 0)]
+    assert [s.duration for s in got] == pytest.approx([0.010, 0.001, 0.001])
