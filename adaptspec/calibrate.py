@@ -144,7 +144,9 @@ def observations(result: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[tup
 
 
 def _spec_features(r: dict[str, Any], knee: float) -> list[float]:
-    """S, proposer on, draft passes, max(0, B + S - knee), draft-model tokens (FITTED order).
+    """What speculation adds to plain decoding's step at the same batch size, in FITTED order:
+    S, proposer on, draft passes, the draft tokens' share of the hinge (verified tokens
+    B + S above the knee, less the batch's own B - B above it), draft-model tokens.
 
     A draft model passes once per position of the longest draft, and at least once a step even
     when nothing is drafted (its first pass keeps the draft's KV cache in step with the target;
@@ -154,7 +156,7 @@ def _spec_features(r: dict[str, Any], knee: float) -> list[float]:
     proposer has no passes; its fixed cost comes with a draft."""
     b, s = r["batch"], r["spec_tokens"]
     passes = max(r["max_k"], 1.0) if r["family"] == "draft_model" else 0.0
-    return [s, float(s > 0 or passes > 0), passes, max(0.0, b + s - knee),
+    return [s, float(s > 0 or passes > 0), passes, max(0.0, b + s - knee) - max(0.0, b - knee),
             s + b * passes if passes else 0.0]
 
 
@@ -176,7 +178,8 @@ def _features(rows: list[dict[str, Any]], knots: list[float], knee: float) -> np
 
 
 def plain_step_ms(cost: dict[str, Any], batch: float) -> float:
-    """The fitted plain decoding step time at a batch size (linear between measured sizes)."""
+    """The fitted plain decoding step time at a batch size (linear between the sizes no
+    speculation decoded at, and beyond them)."""
     table = cost["plain_step_ms"]
     knots = sorted(float(b) for b in table)
     return float(np.dot(_hats(batch, knots), [table[str(int(b))] for b in knots]))
@@ -413,7 +416,8 @@ def _adaptive_name(result: dict[str, Any], family: str) -> str | None:
 
 def cost_at(fitted: dict[str, Any]) -> Callable[[int], CostModel]:
     """The fitted step time as the simulator's CostModel at each batch size: its base is
-    plain decoding's step time there (less the hinge the formula adds back)."""
+    plain decoding's step time there, less what the formula's hinge adds for the batch itself
+    (so that the hinge costs the draft tokens only, as fitted)."""
     def at(batch: int) -> CostModel:
         coef = {k: fitted[k] for k in FITTED}
         hinge = coef["over_knee_ms"] * max(0.0, batch - fitted["knee_tokens"])
