@@ -11,25 +11,28 @@ requests shared it; a step can.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-# Chunks of one step arrive within a few ms (the API server streams them one request after
-# another); steps are at least this far apart relative to the typical step. The floor keeps a
-# fast model's steps (a few ms on the tiny pair) from being split by scheduling jitter.
-SPLIT_FRACTION, MIN_SPLIT_S = 0.25, 0.002
+# Chunks of one step arrive together, but on a busy machine the API server may stream the last
+# requests' chunks ~100 ms after the first ones; steps are a request's median gap between two
+# chunks apart (hundreds of ms on a CPU). A pause of half that starts a new step. The floor keeps
+# a fast model's steps (a few ms on the tiny pair) from being split by scheduling jitter.
+SPLIT_FRACTION, MIN_SPLIT_S = 0.5, 0.002
 
 
 @dataclass(frozen=True)
 class Step:
     """One engine step as the clients saw it.
 
-    end: seconds from the cell's start; duration: since the previous step ended (the first
-    step: since the first request was sent); decoded: requests that got decode tokens;
-    tokens: decode tokens they got; prefilled: requests that got their first token (their
-    prompt was prefilled in this step, or in steps that emitted nothing before it).
+    end: seconds from the cell's start, when its first chunk arrived; duration: since the
+    previous step ended (the first step: since the first request was sent); decoded: requests
+    that got decode tokens; tokens: decode tokens they got; prefilled: requests that got their
+    first token (their prompt was prefilled in this step, or in steps that emitted nothing
+    before it); clean: False where chunks came late (see engine_steps), so its duration is not
+    the step's.
     """
 
     end: float
@@ -37,10 +40,11 @@ class Step:
     decoded: int
     tokens: int
     prefilled: int
+    clean: bool = True
 
     @property
     def pure_decode(self) -> bool:
-        return self.prefilled == 0 and self.decoded > 0
+        return self.prefilled == 0 and self.decoded > 0 and self.clean
 
 
 def arrivals(requests: list[dict[str, Any]]) -> np.ndarray:
@@ -64,9 +68,9 @@ def engine_steps(requests: list[dict[str, Any]]) -> list[Step]:
     if len(a) == 0:
         return []
     gaps = np.diff(a[:, 0])
-    # The typical step: the median of the larger gaps (the small ones are within a step).
-    big = gaps[gaps > MIN_SPLIT_S]
-    split = max(MIN_SPLIT_S, SPLIT_FRACTION * float(np.median(big))) if len(big) else MIN_SPLIT_S
+    per_request = [g for r in requests for g in np.diff(r["chunk_times"])]
+    typical = float(np.median(per_request)) if per_request else 0.0
+    split = max(MIN_SPLIT_S, SPLIT_FRACTION * typical)
     # A new step where the pause is long, or where a request gets a second chunk (a step gives
     # each request one: two steps closer together than the split would otherwise merge).
     new = np.zeros(len(a), dtype=bool)
@@ -79,12 +83,18 @@ def engine_steps(requests: list[dict[str, Any]]) -> list[Step]:
     t0 = min(float(r.get("start", 0.0)) for r in requests)
     steps: list[Step] = []
     for chunk in np.split(a, np.flatnonzero(new[1:]) + 1):
-        end = float(chunk[-1, 0])
+        end = float(chunk[0, 0])  # (the first chunk: a late one cannot move it)
         first = chunk[:, 2] > 0
         steps.append(Step(end=end, duration=end - (steps[-1].end if steps else t0),
                           decoded=int((~first).sum()), tokens=int(chunk[~first, 1].sum()),
                           prefilled=int(first.sum())))
-    return steps
+    # A decode "step" shorter than the split is chunks that came late (a client thread that
+    # read two steps' chunks at once, the API server behind a busy engine): the steps around
+    # it have their ends moved, so none of the three times a decode step. They stay in the
+    # cell's time, as steps that are not pure decode.
+    late = [i for i, st in enumerate(steps) if i and st.prefilled == 0 and st.duration < split]
+    blurred = {j for i in late for j in (i - 1, i, i + 1) if j < len(steps)}
+    return [replace(st, clean=False) if i in blurred else st for i, st in enumerate(steps)]
 
 
 def summarize(steps: list[Step]) -> dict[str, Any]:

@@ -92,3 +92,18 @@ def test_a_request_never_gets_two_chunks_in_one_step() -> None:
     got = steps.engine_steps(reqs)
     assert [(s.decoded, s.tokens, s.prefilled) for s in got] == [(0, 0, 2), (2, 3, 0), (2, 2, 0)]
     assert [s.duration for s in got] == pytest.approx([0.010, 0.001, 0.001])
+
+
+def test_late_chunks_do_not_time_a_decode_step() -> None:
+    # three requests decoding at 300 ms a step. A chunk 120 ms late joins its step, which ends
+    # when its first chunk came; a client that read two steps' chunks at once (the third, at
+    # 1.2 s) leaves a step of no time: it and the steps beside it time no decode step.
+    times = [[0.3, 0.6, 0.9, 1.2, 1.5, 1.8]] * 2 + [[0.3, 0.72, 0.9, 1.2, 1.2, 1.8]]
+    reqs = [{"start": 0.0, "chunk_times": t, "chunk_tokens": [1] * 6} for t in times]
+    got = steps.engine_steps(reqs)
+    assert [s.decoded for s in got] == [0, 3, 3, 3, 1, 2, 3]
+    assert [s.duration for s in got] == pytest.approx([0.3, 0.3, 0.3, 0.3, 0.0, 0.3, 0.3])
+    assert [s.pure_decode for s in got] == [False, True, True, False, False, False, True]
+    s = steps.summarize(got)
+    assert s["decode"] == {"3": [3, pytest.approx(300.0), 9]}
+    assert s["other_s"] == pytest.approx(0.3 + 0.3 + 0.0 + 0.3)
