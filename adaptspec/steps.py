@@ -17,10 +17,14 @@ from typing import Any
 import numpy as np
 
 # Chunks of one step arrive together, but on a busy machine the API server may stream the last
-# requests' chunks ~100 ms after the first ones; steps are a request's median gap between two
-# chunks apart (hundreds of ms on a CPU). A pause of half that starts a new step. The floor keeps
-# a fast model's steps (a few ms on the tiny pair) from being split by scheduling jitter.
-SPLIT_FRACTION, MIN_SPLIT_S = 0.5, 0.002
+# requests' chunks ~100 ms after the first ones. Steps are at least the fastest step apart
+# (hundreds of ms on a CPU, though a step of 16 requests takes three times one of 4): a pause of
+# half of it (the 10th percentile of a request's gaps between chunks) starts a new step. The
+# floor keeps a fast model's steps (a few ms on the tiny pair) from being split by jitter.
+SPLIT_FRACTION, FASTEST_PCT, MIN_SPLIT_S = 0.5, 10.0, 0.002
+# A decode step under this share of the decode steps around it is an artefact of late chunks
+# (a batch that drops from 16 requests to 4 at once steps about 3x faster, and is no artefact).
+LATE_FRACTION = 0.3
 
 
 @dataclass(frozen=True)
@@ -68,9 +72,12 @@ def engine_steps(requests: list[dict[str, Any]]) -> list[Step]:
     if len(a) == 0:
         return []
     gaps = np.diff(a[:, 0])
-    per_request = [g for r in requests for g in np.diff(r["chunk_times"])]
-    typical = float(np.median(per_request)) if per_request else 0.0
-    split = max(MIN_SPLIT_S, SPLIT_FRACTION * typical)
+    # A request's gaps between chunks are whole steps (or ~0: two steps' chunks read at once);
+    # the short end of them is the fastest step this cell ran.
+    per_request = np.array([g for r in requests for g in np.diff(r["chunk_times"])])
+    per_request = per_request[per_request > MIN_SPLIT_S]
+    fastest = float(np.percentile(per_request, FASTEST_PCT)) if len(per_request) else 0.0
+    split = max(MIN_SPLIT_S, SPLIT_FRACTION * fastest)
     # A new step where the pause is long, or where a request gets a second chunk (a step gives
     # each request one: two steps closer together than the split would otherwise merge).
     new = np.zeros(len(a), dtype=bool)
@@ -88,11 +95,17 @@ def engine_steps(requests: list[dict[str, Any]]) -> list[Step]:
         steps.append(Step(end=end, duration=end - (steps[-1].end if steps else t0),
                           decoded=int((~first).sum()), tokens=int(chunk[~first, 1].sum()),
                           prefilled=int(first.sum())))
-    # A decode "step" shorter than the split is chunks that came late (a client thread that
-    # read two steps' chunks at once, the API server behind a busy engine): the steps around
-    # it have their ends moved, so none of the three times a decode step. They stay in the
-    # cell's time, as steps that are not pure decode.
-    late = [i for i, st in enumerate(steps) if i and st.prefilled == 0 and st.duration < split]
+    # A decode "step" far shorter than the decode steps around it is chunks that came late (a
+    # client thread that read two steps' chunks at once, the API server behind a busy engine):
+    # the steps beside it have their ends moved, so none of the three times a decode step. They
+    # stay in the cell's time, as steps that are not pure decode.
+    decode = [i for i, st in enumerate(steps) if i and st.prefilled == 0]
+    d = [steps[i].duration for i in decode]
+    late = []
+    for k, i in enumerate(decode):
+        around = d[max(k - 2, 0):k] + d[k + 1:k + 3]
+        if around and d[k] < LATE_FRACTION * float(np.median(around)):
+            late.append(i)
     blurred = {j for i in late for j in (i - 1, i, i + 1) if j < len(steps)}
     return [replace(st, clean=False) if i in blurred else st for i, st in enumerate(steps)]
 

@@ -107,3 +107,15 @@ def test_late_chunks_do_not_time_a_decode_step() -> None:
     s = steps.summarize(got)
     assert s["decode"] == {"3": [3, pytest.approx(300.0), 9]}
     assert s["other_s"] == pytest.approx(0.3 + 0.3 + 0.0 + 0.3)
+
+
+def test_a_batch_that_shrinks_at_once_steps_faster_and_is_kept() -> None:
+    # four requests at 1 s a step; three finish at 3 s, and the last steps at 300 ms alone
+    long = [1.0, 2.0, 3.0]
+    reqs = [{"start": 0.0, "chunk_times": long, "chunk_tokens": [1] * 3} for _ in range(3)]
+    reqs.append({"start": 0.0, "chunk_times": [*long, 3.3, 3.6, 3.9],
+                 "chunk_tokens": [1] * 6})
+    got = steps.engine_steps(reqs)
+    assert [s.decoded for s in got] == [0, 4, 4, 1, 1, 1]
+    assert all(s.clean for s in got)
+    assert steps.summarize(got)["decode"]["1"] == [3, pytest.approx(300.0), 3]
