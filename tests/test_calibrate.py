@@ -216,3 +216,18 @@ def test_steps_come_from_raw_requests_when_the_summary_lacks_them() -> None:
     result.pop("raw")
     with pytest.raises(ValueError, match="run `adaptspec bench` again"):
         calibrate.observations(result)
+
+
+def test_cells_the_chunk_times_did_not_resolve_are_reported() -> None:
+    policy = policy_from_dict({"default_class": "chat", "k_max": 4, "classes": {
+        "code": {}, "chat": {}, "interactive": {"latency_critical": True}}})
+    result = _result()
+    assert calibrate.calibrate(result, policy)["unresolved_cells"] == {}
+    # most of a cell's tokens came in steps that were not clean decode steps
+    n, ms, tokens = result["summary"]["vllm_ngram_k4"]["4"]["engine_steps"]["decode"]["4"]
+    result["summary"]["vllm_ngram_k4"]["4"]["engine_steps"]["decode"]["4"] = [
+        n * 0.2, ms, tokens * 0.2]
+    cal = calibrate.calibrate(result, policy)
+    assert list(cal["unresolved_cells"]) == ["vllm_ngram_k4 c=4"]
+    assert cal["unresolved_cells"]["vllm_ngram_k4 c=4"] < calibrate.MIN_COVERAGE
+    assert "NOT MEANINGFUL" in calibrate.format_report(cal)
