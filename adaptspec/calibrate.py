@@ -213,7 +213,8 @@ def fit_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
         coef = reg.coef_
         out: dict[str, Any] = {k: float(v) for k, v in zip(FITTED, coef[len(knots):],
                                                             strict=True)}
-        out["plain_step_ms"] = {str(int(b)): float(v) for b, v in zip(knots, coef, strict=False)}
+        out["plain_step_ms"] = {str(int(b)): float(v)
+                                for b, v in zip(knots, coef[:len(knots)], strict=True)}
         return float(np.sum(((x @ coef) * w - np.sqrt([r["steps"] for r in train])) ** 2)), {
             **out, "knee_tokens": knee}
 
@@ -348,7 +349,7 @@ def _drafter_cost(cost: CostModel, family: str, k: int) -> CostModel:
     fixed cost is paid every step, whatever is drafted: folded into the base; its passes cost
     per position of the longest draft, at least one (simulate's min_passes), and per token they
     run: per_request_pass per request and pass, and as much again per verified draft token
-    (see _features). An n-gram proposer costs nothing per position."""
+    (see _spec_features). An n-gram proposer costs nothing per position."""
     if family != "draft_model" or k == 0:
         return cost.model_copy(update={"per_draft_position_ms": 0.0, "per_request_pass_ms": 0.0})
     return cost.model_copy(update={
