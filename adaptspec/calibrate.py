@@ -335,9 +335,13 @@ def class_acceptance(result: dict[str, Any], family: str
              for cls in num}, cfg["name"], rate)
 
 
-def _class_mix(result: dict[str, Any]) -> dict[str, float]:
+def _class_mix(result: dict[str, Any], concurrency: str | None = None) -> dict[str, float]:
+    """Share of requests per class: of the whole benchmark, or of one concurrency's stream (4
+    requests at c=1: its mix is not the benchmark's)."""
     counts: dict[str, float] = {}
-    for s in result["summary"]["none"].values():
+    for c, s in result["summary"]["none"].items():
+        if concurrency is not None and c != concurrency:
+            continue
         for cls, row in s["classes"].items():
             counts[cls] = counts.get(cls, 0.0) + row["requests"]
     total = sum(counts.values())
@@ -360,11 +364,13 @@ def _drafter_cost(cost: CostModel, family: str, k: int) -> CostModel:
 def simulate_family(result: dict[str, Any], alphas: dict[str, float],
                     cost: CostModel | Callable[[int], CostModel], policy: Policy,
                     loads: list[int], ks: list[int], seed: int = 0, family: str = "ngram",
-                    draft_rate: float = 1.0) -> dict[str, dict[int, float]]:
+                    draft_rate: float = 1.0, concurrency: str | None = None,
+                    ) -> dict[str, dict[int, float]]:
     """Decode tokens/s of none, static K (every class, latency-critical too, as vLLM does) and
-    the adaptspec controller (K up to max(ks)) on the benchmark's class mix, per load (a batch
-    of that many requests). cost: the step time, or a function giving it per load."""
-    mix = _class_mix(result)
+    the adaptspec controller (K up to max(ks)) on the benchmark's class mix (or that of one
+    concurrency's stream), per load (a batch of that many requests). cost: the step time, or a
+    function giving it per load."""
+    mix = _class_mix(result, concurrency)
     names = list(mix)
     sizes = result["sizes"]
     lc = [n for n in names if n in policy.classes and policy.classes[n].latency_critical]
@@ -458,15 +464,19 @@ def calibrate(result: dict[str, Any], policy: Policy | None = None, seed: int = 
         names.update(none="none", adaptive=_adaptive_name(result, family))
         real_to_sim = {real: sim_name for sim_name, real in names.items() if real}
         fam_rows = [r for r in rows if r["config"] in real_to_sim]
-        # Every batch size a cell decoded at is simulated as a batch of that many requests; a
-        # cell's decode time is the tokens it decoded at each over the throughput there.
-        sim_tps = simulate_family(result, alphas, cost_at(fitted), fam_policy,
-                                  sorted({r["batch"] for r in fam_rows}), ks, seed, family, rate)
+        # Every batch size a cell decoded at is simulated as a batch of that many requests,
+        # drawn from the class mix of the cell's own stream; a cell's decode time is the tokens
+        # it decoded at each batch size over the throughput there.
         decode_s: dict[tuple[str, int], float] = {}
-        for r in fam_rows:
-            key = (r["config"], r["concurrency"])
-            decode_s[key] = decode_s.get(key, 0.0) + r["tokens"] / sim_tps[
-                real_to_sim[r["config"]]][r["batch"]]
+        for conc in sorted({r["concurrency"] for r in fam_rows}):
+            here = [r for r in fam_rows if r["concurrency"] == conc]
+            sim_tps = simulate_family(result, alphas, cost_at(fitted), fam_policy,
+                                      sorted({r["batch"] for r in here}), ks, seed, family, rate,
+                                      concurrency=str(conc))
+            for r in here:
+                key = (r["config"], conc)
+                decode_s[key] = decode_s.get(key, 0.0) + r["tokens"] / sim_tps[
+                    real_to_sim[r["config"]]][r["batch"]]
         fam_cells = {key: c for key, c in cells.items() if key[0] in real_to_sim}
         sim_cells += _ratio_cells(fam_cells, decode_s, lambda name, src=source: name == src)
         families[family] = {"alpha": {c: round(a, 4) for c, a in alphas.items()},

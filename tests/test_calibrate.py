@@ -231,3 +231,14 @@ def test_cells_the_chunk_times_did_not_resolve_are_reported() -> None:
     assert list(cal["unresolved_cells"]) == ["vllm_ngram_k4 c=4"]
     assert cal["unresolved_cells"]["vllm_ngram_k4 c=4"] < calibrate.MIN_COVERAGE
     assert "NOT MEANINGFUL" in calibrate.format_report(cal)
+
+
+def test_class_mix_of_one_concurrency() -> None:
+    """Each concurrency's stream is simulated with its own class mix (4 requests at c=1 are
+    not the benchmark's mix)."""
+    result = _result()
+    result["summary"]["none"]["1"]["classes"] = {"code": {"requests": 3}, "chat": {"requests": 1}}
+    assert calibrate._class_mix(result, "1") == {"chat": 0.25, "code": 0.75}
+    whole = calibrate._class_mix(result)
+    assert set(whole) == {"code", "chat", "interactive"}
+    assert whole["code"] == pytest.approx((3 + 8 + 32) / (4 + 20 + 80))
