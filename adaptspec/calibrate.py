@@ -106,8 +106,9 @@ def observations(result: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[tup
     A row: steps, their mean step_ms, the decode tokens they gave, and the drafts they verified
     (spec_tokens: the cell's draft tokens per request-step, from vLLM's counters, times the
     batch) and the longest draft max_k (static K; adaptspec's in expectation over the batch,
-    from its chosen-K histogram). A cell: its output tokens/s, output tokens and other_s, the
-    time of its steps that were not pure decode steps."""
+    from its chosen-K histogram). A cell: its output tokens/s, output tokens, other_s (the
+    time of its steps that were not pure decode steps) and coverage (the share of its decode
+    tokens that came in pure decode steps)."""
     rows: list[dict[str, Any]] = []
     cells: dict[tuple[str, int], dict[str, Any]] = {}
     for cfg in result["configs"]:
@@ -135,8 +136,7 @@ def observations(result: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[tup
                           "output_tokens": float(s["output_tokens"]),
                           "other_s": float(st["other_s"]), "static_k": static_k,
                           "coverage": sum(t for _, _, t in st["decode"].values())
-                          / max(s["decode_tokens"], 1),
-                          "draft_rate": min(s.get("vllm_drafts", 0.0) / s["request_steps"], 1.0)}
+                          / max(s["decode_tokens"], 1)}
             for b, (n, ms, tokens) in st["decode"].items():
                 batch = int(b)
                 max_k = (float(static_k) if static_k is not None
@@ -203,20 +203,21 @@ def fit_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
         raise ValueError("calibration needs decode steps of no speculation and of at least one "
                          "static configuration")
     y = np.array([r["step_ms"] for r in train])
-    w = np.sqrt([r["steps"] for r in train]) / y  # relative error, per step
+    root_n = np.sqrt([r["steps"] for r in train])
+    w = root_n / y  # relative error, per step
+    hinge = len(knots) + FITTED.index("over_knee_ms")
 
     def fit(knee: float) -> tuple[float, dict[str, Any]]:
         x = _features(train, knots, knee)
         if not math.isfinite(knee):
-            x[:, len(knots) + 3] = 0.0
+            x[:, hinge] = 0.0
         reg = LinearRegression(fit_intercept=False, positive=True).fit(x * w[:, None], y * w)
         coef = reg.coef_
         out: dict[str, Any] = {k: float(v) for k, v in zip(FITTED, coef[len(knots):],
                                                             strict=True)}
         out["plain_step_ms"] = {str(int(b)): float(v)
                                 for b, v in zip(knots, coef[:len(knots)], strict=True)}
-        return float(np.sum(((x @ coef) * w - np.sqrt([r["steps"] for r in train])) ** 2)), {
-            **out, "knee_tokens": knee}
+        return float(np.sum(((x @ coef) * w - root_n) ** 2)), {**out, "knee_tokens": knee}
 
     err, best = fit(math.inf)
     best = {**best, "knee_tokens": KNEES[-1], "over_knee_ms": 0.0}
