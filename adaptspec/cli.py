@@ -66,6 +66,12 @@ def cmd_bench_run(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_bench_nopay(args: argparse.Namespace) -> int:
+    from adaptspec.bench_nopay import run
+
+    return run(args)
+
+
 def cmd_bench_calibrate(args: argparse.Namespace) -> int:
     from adaptspec.calibrate import main as calibrate_main
 
@@ -131,6 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--repeats", type=int, default=5000)
     dec.add_argument("--json", default=None)
     dec.set_defaults(func=cmd_bench_decide)
+    nopay = bench_sub.add_parser(
+        "nopay", help="the cell where speculation does not pay: default model, chat at c=4 "
+                      "plus a latency-critical stream; plain (async and sync) vs vLLM ngram K=4 "
+                      "vs adaptspec, repeated")
+    from adaptspec.bench_nopay import add_arguments as add_nopay_arguments
+
+    add_nopay_arguments(nopay)
+    nopay.set_defaults(func=cmd_bench_nopay)
     cal = bench_sub.add_parser(
         "calibrate", help="fit the simulator's cpu step-time preset to a bench.json and check "
                           "its predicted ratios against the measured ones")
@@ -170,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         from adaptspec.serve import serve
 
         return serve(argv[1:])
-    if argv[:1] == ["bench"] and argv[1:2] not in (["run"], ["decide"], ["calibrate"], ["-h"],
-                                                  ["--help"]):
+    if argv[:1] == ["bench"] and argv[1:2] not in (["run"], ["decide"], ["calibrate"],
+                                                  ["nopay"], ["-h"], ["--help"]):
         argv = ["bench", "run", *argv[1:]]  # `adaptspec bench --quick` runs the benchmark
     args = build_parser().parse_args(argv)
     try:

@@ -330,8 +330,12 @@ class Controller:
     # ------------------------------------------------------------------ the step
 
     def step(self, slots: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
-             step_time_s: float | None) -> np.ndarray:
-        """Feed back the last step, return K per request for the next one."""
+             step_time_s: float | None, allow_speculation: bool = True) -> np.ndarray:
+        """Feed back the last step, return K per request for the next one.
+
+        `allow_speculation` False (the payoff guard holds speculation): every K is 0 and the
+        decision is recorded as plain; the controller still learns and plans as usual, so its
+        hysteresis and cut state stay those of its own plan."""
         slots = np.asarray(slots, dtype=np.int64)
         try:
             drafted = np.asarray(drafted, dtype=np.int64)
@@ -339,6 +343,9 @@ class Controller:
             batch = self._batch_for(slots)  # once for both halves
             sn = self._observe(slots, batch, drafted, accepted, step_time_s)
             ks, kinds = self._decide(slots, batch, sn)
+            if not allow_speculation and ks.any():
+                ks = np.zeros_like(ks)
+                kinds = np.where(kinds == 0, 1, kinds)  # speculate -> plain (see DECISIONS)
         except Exception:  # never let a controller fault reach the engine
             self.errors += 1
             log.exception("adaptspec controller failed; using fallback K")
@@ -354,13 +361,14 @@ class Controller:
         return ks
 
     def step_by_id(self, req_ids: list[str], classes: list[str], drafted: np.ndarray,
-                   accepted: np.ndarray, step_time_s: float | None) -> np.ndarray:
+                   accepted: np.ndarray, step_time_s: float | None,
+                   allow_speculation: bool = True) -> np.ndarray:
         """`step` for callers that track requests by id; unknown ids are added."""
         slots = np.fromiter(
             (self.add_request(r, c) for r, c in zip(req_ids, classes, strict=True)),
             dtype=np.int64, count=len(req_ids),
         )
-        return self.step(slots, drafted, accepted, step_time_s)
+        return self.step(slots, drafted, accepted, step_time_s, allow_speculation)
 
     def _batch_for(self, slots: np.ndarray) -> _Batch:
         """The batch of these slots (int64), from the last step's if it is the same batch: an

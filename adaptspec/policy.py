@@ -179,6 +179,22 @@ COST_PRESETS: dict[str, dict[str, float]] = {
 }
 
 
+class Payoff(_Strict):
+    """The payoff guard (adaptspec/payoff.py): speculation goes on only while the engine's own
+    step timings show it pays, and what it may lose before that is shown is budgeted."""
+
+    enabled: bool = Field(
+        True, description="off: the controller's cost model alone decides (tests, studies)")
+    budget: float = Field(
+        0.01, ge=0.0, le=0.5,
+        description="share of engine time speculation may lose against plain decoding")
+    cap_steps: float = Field(
+        2.0, ge=0.0, le=1000.0,
+        description="gains banked for later losses, in plain steps' worth")
+    refresh_steps: int = Field(
+        256, ge=1, description="measured steps after which the plain step time is re-measured")
+
+
 class Policy(_Strict):
     """The whole policy. Unknown keys are refused so a typo never silently does nothing."""
 
@@ -221,6 +237,7 @@ class Policy(_Strict):
     max_classes: int = Field(32, ge=1, le=10_000)
     max_requests: int = Field(4096, ge=1, le=1_000_000)
     cost_model: CostModel = Field(default_factory=lambda: CostModel(preset="cpu"))
+    payoff: Payoff = Field(default_factory=Payoff)
     state_file: str | None = Field(None, description="snapshot of learned state (vLLM plugin)")
     snapshot_interval_s: float = Field(60.0, gt=0)
 

@@ -20,6 +20,7 @@ from adaptspec import snapshot
 from adaptspec.classify import Classifier, RequestInfo
 from adaptspec.controller import Controller
 from adaptspec.metrics import Metrics
+from adaptspec.payoff import PayoffGuard
 from adaptspec.policy import Policy
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,10 @@ class AdaptiveRuntime:
             metrics, self._count_error, int(self._faults.get("metrics_raise_every", 0)))
         self.controller = Controller(policy, metrics=guarded, seed=seed)
         self.fallback_k = min(policy.fallback_k, self.k_cap)
+        pay = policy.payoff
+        self.guard = PayoffGuard(pay.budget, pay.cap_steps, pay.refresh_steps) \
+            if pay.enabled else None
+        self._latency_critical = {n for n, c in policy.classes.items() if c.latency_critical}
         self.classes: dict[str, str] = {}
         self._k: dict[str, int] = {}
         self._last_snapshot = time.monotonic()
@@ -98,9 +103,10 @@ class AdaptiveRuntime:
             if self._faults:
                 self._inject_faults()
             classes = [self.classes.get(r, self.policy.default_class) for r in req_ids]
+            allow = self._payoff(req_ids, classes, drafted, accepted, step_time_s)
             ks = self.controller.step_by_id(
                 list(req_ids), classes, np.asarray(drafted, dtype=np.int64),
-                np.asarray(accepted, dtype=np.int64), step_time_s,
+                np.asarray(accepted, dtype=np.int64), step_time_s, allow_speculation=allow,
             )
             ks = np.minimum(ks, self.k_cap).tolist()
         except Exception:
@@ -111,6 +117,21 @@ class AdaptiveRuntime:
         decided = {r: int(k) for r, k in zip(req_ids, ks, strict=True)}
         self._k.update(decided)
         return decided
+
+    def _payoff(self, req_ids: Sequence[str], classes: Sequence[str], drafted: Sequence[int],
+                accepted: Sequence[int], step_time_s: float | None) -> bool:
+        """Feed the payoff guard this step; may the next one speculate?"""
+        guard = self.guard
+        if guard is None:
+            return True
+        # This step speculated if it verified drafts or its proposer ran with K > 0 (the K
+        # decided last step): either costs time whatever was accepted.
+        speculated = any(drafted) or any(self._k.get(r, 0) for r in req_ids)
+        lc = bool(self._latency_critical) and any(c in self._latency_critical for c in classes)
+        guard.observe(len(req_ids), speculated, int(sum(accepted)),
+                      None if step_time_s is None else step_time_s * 1e3,
+                      latency_critical=lc, slack=self.policy.latency_critical_slack)
+        return guard.allow(len(req_ids))
 
     def cut(self, req_ids: Sequence[str], lengths: Sequence[int],
             confidence: Sequence[float]) -> list[int]:

@@ -14,7 +14,7 @@ from adaptspec import snapshot
 from adaptspec.classify import RequestInfo
 from adaptspec.controller import Controller
 from adaptspec.metrics import Metrics
-from adaptspec.policy import ClassPolicy, CostModel, Policy
+from adaptspec.policy import ClassPolicy, CostModel, Payoff, Policy
 from adaptspec.runtime import AdaptiveRuntime
 
 FREE = CostModel(base_ms=10, per_request_ms=0.1, per_draft_token_ms=0.0, spec_overhead_ms=0.0,
@@ -28,6 +28,9 @@ def make_policy(**kw: object) -> Policy:
                     "interactive": ClassPolicy(latency_critical=True)},
         "default_class": "chat", "exploration": 0.0, "hysteresis_steps": 1,
         "cost_model": FREE, "fallback_k": 2,
+        # These test the controller's decisions through the runtime; the payoff guard, which
+        # holds speculation until plain steps are measured, has tests of its own.
+        "payoff": Payoff(enabled=False),
     }
     base.update(kw)
     return Policy(**base)

@@ -47,6 +47,8 @@ classes:
   code: {prior_acceptance: 0.6, prior_strength: 2}
   noisy: {prior_acceptance: 0.6, prior_strength: 2}
   interactive: {latency_critical: true}
+# The payoff guard would (rightly) hold speculation on the tiny model too.
+payoff: {enabled: false}
 """
 
 OURS_NGRAM = "adaptspec_vllm.proposer.NgramProposer"

@@ -1,0 +1,151 @@
+"""The payoff guard: speculation goes on only while the engine's own step timings show it pays.
+
+The controller predicts what a step costs from a step-time model; where that model is wrong (a
+fixed cost of any step that carries a draft, a proposer slower than priced, a kernel re-planned
+for a new token count) its choices can make serving slower than plain decoding. The guard
+checks the choices against what they measurably did, at the level of the whole batch, because a
+step with drafts can slow every request in it:
+
+- Plain steps (nothing verified, nothing proposed) give the plain step time per batch size, as a
+  running estimate (a table: on a CPU the plain step is not even monotone in the batch). When
+  no batch size near the current one has a recent estimate, the next step is plain, to measure
+  it: a plain step costs nothing against plain decoding.
+- A step that verified or proposed drafts is charged its loss: its measured time minus the time
+  plain decoding would have taken to emit the same tokens at that batch size,
+  ``t - (B + accepted) / B * plain(B)``. A gain is a negative loss. With a latency-critical
+  request in the batch, the loss is at least the step's time over ``(1 + slack) * plain(B)``,
+  since that request gets one token a step whatever the others accept.
+- Every measured step adds ``budget`` (1%) of its time to an account; losses are taken from it,
+  gains paid into it, up to ``cap_steps`` plain steps' worth. Speculation is allowed while the
+  account is positive. So what speculation loses is bounded by 1% of the engine's time plus the
+  cap, whatever the cost model believes; while speculation pays, the account stays full and
+  nothing is held back.
+
+Steps that also prefilled are not measured (their time says little about the decodes), and
+neither charge nor credit the account. Engine-agnostic: the runtime calls `allow` before each
+decision and `observe` with each measured step.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class PayoffGuard:
+    """Batch-level gate on speculation from measured step times.
+
+    Attributes (plain, for inspection and tests): budget (share of time speculation may lose),
+    cap_steps, refresh_steps, plain_ms (batch size -> running plain step time), plain_n,
+    plain_at (step index of the last plain sample per batch size), account_ms, steps,
+    spec_steps, loss_ms (total charged), time_ms (total measured), forced_plain, held.
+    """
+
+    def __init__(self, budget: float = 0.01, cap_steps: float = 2.0, refresh_steps: int = 256,
+                 memory: int = 64, min_samples: int = 2) -> None:
+        if not 0.0 <= budget < 1.0:
+            raise ValueError(f"budget must be in [0, 1), got {budget}")
+        self.budget = budget
+        self.cap_steps = cap_steps
+        self.refresh_steps = refresh_steps
+        self.memory = memory
+        self.min_samples = min_samples
+        self.plain_ms: dict[int, float] = {}
+        self.plain_n: dict[int, int] = {}
+        self.plain_at: dict[int, int] = {}
+        self.account_ms = 0.0
+        self.steps = 0
+        self.spec_steps = 0
+        self.loss_ms = 0.0
+        self.time_ms = 0.0
+        self.forced_plain = 0  # decisions held plain to measure the plain step
+        self.held = 0  # decisions held plain because the account was spent
+
+    # ---------------------------------------------------------------- the plain reference
+
+    def _fresh(self, batch: int) -> bool:
+        """Is there a recent plain estimate at this batch size or one near it (within a
+        quarter, at least one request)? Interpolating between near sizes is good enough, and
+        a GPU engine's batch moves over hundreds of sizes."""
+        tol = max(1, batch // 4)
+        return any(self.plain_n[b] >= self.min_samples
+                   and self.steps - self.plain_at[b] <= self.refresh_steps
+                   for b in range(batch - tol, batch + tol + 1) if b in self.plain_n)
+
+    def plain_estimate(self, batch: int) -> float | None:
+        """Plain step time at `batch` (ms): measured there, else interpolated between the
+        nearest measured batch sizes (or scaled from the nearest one); None before any."""
+        if batch in self.plain_ms:
+            return self.plain_ms[batch]
+        if not self.plain_ms:
+            return None
+        below = max((b for b in self.plain_ms if b < batch), default=None)
+        above = min((b for b in self.plain_ms if b > batch), default=None)
+        if below is not None and above is not None:
+            w = (batch - below) / (above - below)
+            return (1 - w) * self.plain_ms[below] + w * self.plain_ms[above]
+        near = below if below is not None else above
+        # Outside the measured range: no cheaper per request than the nearest size (a batch
+        # never gets cheaper by growing), no dearer than in proportion.
+        return self.plain_ms[near] * (batch / near if batch > near else 1.0)
+
+    def _add_plain(self, batch: int, ms: float) -> None:
+        # The mean of the first `memory` samples, then a moving average over about as many.
+        # A long memory matters: speculation is allowed while the account is positive, and an
+        # estimate that happens to be high makes speculating steps look cheap, so a noisy
+        # estimate would let speculation through exactly when it is overrated.
+        n = self.plain_n.get(batch, 0) + 1
+        old = self.plain_ms.get(batch)
+        if old is None:
+            self.plain_ms[batch] = ms
+        else:
+            # A stalled step (another process took the cores) moves the estimate a little.
+            ms = min(max(ms, 0.5 * old), 2.0 * old)
+            self.plain_ms[batch] = old + (ms - old) / min(n, self.memory)
+        self.plain_n[batch] = n
+        self.plain_at[batch] = self.steps
+
+    # ---------------------------------------------------------------- per step
+
+    def allow(self, batch: int) -> bool:
+        """May the next step (about `batch` requests) speculate?"""
+        if batch <= 0:
+            return False
+        if not self._fresh(batch):
+            self.forced_plain += 1
+            return False
+        if self.account_ms <= 0.0:
+            self.held += 1
+            return False
+        return True
+
+    def observe(self, batch: int, speculated: bool, accepted: int, step_ms: float | None,
+                latency_critical: bool = False, slack: float = 0.0) -> float | None:
+        """One engine step: `speculated` if it verified or proposed drafts; `accepted` draft
+        tokens in all; `step_ms` None for a step that also prefilled. Returns the loss charged
+        (ms; negative: a gain), or None if the step was not charged."""
+        if step_ms is None or not math.isfinite(step_ms) or step_ms <= 0 or batch <= 0:
+            return None
+        self.steps += 1
+        self.time_ms += step_ms
+        if not speculated:
+            self._add_plain(batch, step_ms)
+            loss = None
+        else:
+            self.spec_steps += 1
+            plain = self.plain_estimate(batch)
+            if plain is None:
+                return None
+            loss = step_ms - (batch + max(accepted, 0)) / batch * plain
+            if latency_critical:
+                loss = max(loss, step_ms - (1.0 + slack) * plain)
+            self.loss_ms += loss
+            self.account_ms -= loss
+        self.account_ms += self.budget * step_ms
+        ref = self.plain_estimate(batch) or step_ms
+        self.account_ms = min(self.account_ms, self.cap_steps * ref)
+        return loss
+
+    def summary(self) -> dict[str, float]:
+        return {"steps": self.steps, "spec_steps": self.spec_steps, "loss_ms": self.loss_ms,
+                "time_ms": self.time_ms, "account_ms": self.account_ms,
+                "forced_plain": self.forced_plain, "held": self.held}

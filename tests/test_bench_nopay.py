@@ -1,0 +1,75 @@
+"""`adaptspec bench nopay` bookkeeping without servers: the streams, the verdict against the
+faster plain configuration of each repeat, and the greedy gate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from adaptspec import bench_nopay as nopay
+
+
+def _run(tok_per_s: float, lc_gap: float, tokens: list[int] | None = None) -> dict:
+    req = {"id": "np-0", "tokens": tokens or [1, 2, 3]}
+    return {"tok_per_s": tok_per_s, "lc_median_gap_ms": lc_gap, "requests": [req],
+            "lc_requests": [{"id": "lc-0", "tokens": [9]}], "vllm_draft_tokens": 0.0,
+            "vllm_accepted_tokens": 0.0, "errors": []}
+
+
+def test_verdict_is_against_the_faster_plain_configuration_of_each_repeat() -> None:
+    repeats = [
+        {"none": _run(10.0, 200.0), "none_sync": _run(10.5, 190.0),
+         "adaptspec": _run(10.4, 195.0)},
+        {"none": _run(11.0, 180.0), "none_sync": _run(10.0, 200.0),
+         "adaptspec": _run(10.0, 200.0)},
+        {"none": _run(10.0, 200.0), "none_sync": _run(10.0, 200.0),
+         "adaptspec": _run(10.0, 200.0)},
+    ]
+    v = nopay.judge(repeats)
+    a = v["adaptspec"]
+    assert a["over_plain"]["per_repeat"] == pytest.approx([10.4 / 10.5, 10.0 / 11.0, 1.0])
+    assert a["over_plain"]["median"] == pytest.approx(10.4 / 10.5)
+    assert a["over_plain"]["spread"] == pytest.approx(1.0 - 10.0 / 11.0)
+    assert a["lc_gap_over_plain"]["per_repeat"] == pytest.approx([195 / 190, 200 / 180, 1.0])
+    assert v["goal_met"] is True  # medians: throughput 0.990, LC gap 1.026
+    repeats[0]["adaptspec"] = _run(10.0, 195.0)
+    assert nopay.judge(repeats)["goal_met"] is False  # throughput median 0.952
+    repeats[0]["adaptspec"] = _run(10.5, 230.0)
+    repeats[2]["adaptspec"] = _run(10.0, 220.0)
+    assert nopay.judge(repeats)["goal_met"] is False  # LC gap median 1.1
+    assert "goal" in nopay.format_table(repeats, nopay.judge(repeats))
+
+
+def test_greedy_gate_compares_every_repeat_with_the_first_plain_run() -> None:
+    repeats = [{"none": _run(1, 1), "adaptspec": _run(1, 1)},
+               {"none": _run(1, 1), "adaptspec": _run(1, 1, tokens=[1, 2, 4])}]
+    assert nopay.check_greedy(repeats) == ["repeat 1 adaptspec np-0"]
+
+
+def test_streams_alternate_writing_and_math_and_are_greedy() -> None:
+    sources = {"code": ["def f(): pass"], "math": [f"q{i}" for i in range(5)],
+               "mtbench": {"writing": ["w1", "w2"], "roleplay": ["r1"], "stem": ["s1"],
+                           "humanities": ["h1"]},
+               "story": "x " * 2000}
+    main, lc = nopay.make_streams(sources, 6, 3, 64, 16)
+    assert [r.cls for r in main] == ["writing", "math"] * 3
+    assert [r.prompt for r in main if r.cls == "writing"] == ["w1", "w2", "r1"]
+    assert all(r.temperature == 0.0 and r.max_tokens == 64 for r in main)
+    assert [r.cls for r in lc] == ["interactive"] * 3 and lc[0].max_tokens == 16
+    assert nopay.median_gap_ms([{"chunk_times": [0.1, 0.3, 0.4], "chunk_tokens": [1, 1, 2]}]) \
+        == pytest.approx(50.0)  # 200 ms for one token, then 50 ms for each of two
+
+
+def test_noguard_configuration_turns_only_the_guard_off(tmp_path: Path) -> None:
+    cfg = next(c for c in nopay.CONFIGS if c.name == "adaptspec_noguard")
+    path = nopay.policy_for(cfg, nopay.DEFAULT_POLICY, tmp_path)
+    data, shipped = yaml.safe_load(path.read_text()), yaml.safe_load(
+        nopay.DEFAULT_POLICY.read_text())
+    pay = data.pop("payoff")
+    assert pay.pop("enabled") is False
+    assert pay == shipped.pop("payoff", {})
+    assert data == shipped
+    plain = next(c for c in nopay.CONFIGS if c.name == "adaptspec")
+    assert nopay.policy_for(plain, nopay.DEFAULT_POLICY, tmp_path) == nopay.DEFAULT_POLICY

@@ -1,0 +1,184 @@
+"""The payoff guard on synthetic engines whose true costs the test knows.
+
+Each engine has a plain step time per batch size and a speculative step's extra cost the
+controller's cost model does not know (a fixed cost of any step with drafts, and a cost per
+draft token), multiplicative noise, and acceptance drawn per draft token. The guard sees only
+what an engine integration sees: batch size, whether the step speculated, accepted drafts and
+the measured time. Losses are measured against the same engine's true plain step time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adaptspec.classify import RequestInfo
+from adaptspec.payoff import PayoffGuard
+from adaptspec.policy import ClassPolicy, CostModel, Payoff, Policy
+from adaptspec.runtime import AdaptiveRuntime
+
+
+class Engine:
+    """Step time = plain(B) (+ fixed + per_token * S if drafts), times lognormal noise of
+    mean 1."""
+
+    def __init__(self, fixed_ms: float, per_token_ms: float, acceptance: float,
+                 noise: float = 0.1, seed: int = 0) -> None:
+        self.fixed_ms, self.per_token_ms, self.acceptance = fixed_ms, per_token_ms, acceptance
+        self.noise = noise
+        self.rng = np.random.default_rng(seed)
+
+    @staticmethod
+    def plain(batch: int) -> float:
+        return 300.0 + 25.0 * batch
+
+    def step(self, ks: list[int]) -> tuple[list[int], float, float]:
+        """Accepted drafts per request, the measured step time, and the true plain time of
+        emitting the same tokens (what plain decoding would have spent)."""
+        b, s = len(ks), sum(ks)
+        accepted = []
+        for k in ks:
+            a = 0
+            while a < k and self.rng.random() < self.acceptance:
+                a += 1
+            accepted.append(a)
+        t = self.plain(b) + ((self.fixed_ms + self.per_token_ms * s) if s else 0.0)
+        t *= float(np.exp(self.rng.normal(-self.noise**2 / 2, self.noise)))
+        return accepted, t, (b + sum(accepted)) / b * self.plain(b)
+
+
+def run_guard(engine: Engine, steps: int, k: int, batch: int = 4,
+              guard: PayoffGuard | None = None, lc: bool = False) -> dict[str, float]:
+    """A controller that always wants K=k for every request, behind the guard (or not)."""
+    time_ms = plain_ms = 0.0
+    spec = 0
+    for _ in range(steps):
+        go = guard is None or guard.allow(batch)
+        ks = [k if go else 0] * batch
+        accepted, t, plain = engine.step(ks)
+        time_ms += t
+        plain_ms += plain
+        spec += go
+        if guard is not None:
+            guard.observe(batch, go, sum(accepted), t, latency_critical=lc, slack=0.02)
+    # throughput relative to plain decoding: tokens are the same, so the time ratio
+    return {"speedup": plain_ms / time_ms, "spec_share": spec / steps}
+
+
+def test_speculation_that_does_not_pay_stops_and_costs_at_most_the_budget() -> None:
+    # Every draft step costs 240 ms (60%) more than plain and gains ~0.24 tokens per request:
+    # static speculation is ~22% slower than plain decoding.
+    static = run_guard(Engine(200.0, 5.0, 0.2), 3000, k=2)
+    assert static["speedup"] < 0.8
+    guard = PayoffGuard(budget=0.01)
+    guarded = run_guard(Engine(200.0, 5.0, 0.2), 3000, k=2, guard=guard)
+    # The guard's own account bounds what it charged: 1% of the time plus one step's loss.
+    assert guard.loss_ms <= 0.01 * guard.time_ms + 2 * Engine.plain(4)
+    # Against the engine's true plain time, the charge was estimated from noisy plain steps;
+    # 1% budget plus 1% for that estimate's error.
+    assert guarded["speedup"] >= 0.98
+    assert guarded["spec_share"] < 0.05
+
+
+def test_speculation_that_pays_is_not_held_back() -> None:
+    # 15 ms per draft token, 0.85 acceptance at K=3: ~2.2 tokens a step for ~1.1x the time.
+    static = run_guard(Engine(10.0, 15.0, 0.85), 2000, k=3)
+    assert static["speedup"] > 1.5
+    guard = PayoffGuard()
+    guarded = run_guard(Engine(10.0, 15.0, 0.85), 2000, k=3, guard=guard)
+    # Only the plain steps it takes to measure the plain reference (2 per 256 steps).
+    assert guarded["spec_share"] > 0.97
+    assert guarded["speedup"] > 0.97 * static["speedup"]
+
+
+def test_stops_within_a_few_dozen_steps_when_the_engine_changes() -> None:
+    guard = PayoffGuard()
+    eng = Engine(10.0, 15.0, 0.85, seed=1)
+    run_guard(eng, 500, k=3, guard=guard)
+    assert guard.account_ms > 0
+    eng.fixed_ms, eng.acceptance = 200.0, 0.2  # now every draft step loses ~40%
+    spec_after = []
+    for _ in range(400):
+        go = guard.allow(4)
+        accepted, t, _ = eng.step([3 if go else 0] * 4)
+        guard.observe(4, go, sum(accepted), t)
+        spec_after.append(go)
+    # The account (at most 2 plain steps' worth, ~850 ms) is spent in 3-4 steps that lose
+    # ~280 ms each; from then on a probe every ~60 steps (such a loss repaid by 1% of each step).
+    assert sum(spec_after[:30]) <= 5
+    assert sum(spec_after[30:]) / len(spec_after[30:]) < 0.05
+
+
+def test_latency_critical_batch_is_charged_the_slowdown() -> None:
+    # Drafts pay for throughput (acceptance 0.9) but make the step 20% slower than plain: a
+    # latency-critical request in the batch gets one token a step and would be 20% slower.
+    thr = run_guard(Engine(60.0, 5.0, 0.9, seed=2), 1000, k=2, guard=PayoffGuard())
+    assert thr["spec_share"] > 0.9
+    lc = run_guard(Engine(60.0, 5.0, 0.9, seed=2), 1000, k=2, guard=PayoffGuard(), lc=True)
+    assert lc["spec_share"] < 0.1
+
+
+def test_plain_reference_is_measured_before_speculating_and_refreshed() -> None:
+    g = PayoffGuard(refresh_steps=10)
+    assert not g.allow(2)  # nothing measured at batch 2
+    g.observe(2, False, 0, 300.0)
+    assert not g.allow(2)  # one sample is not enough
+    g.observe(2, False, 0, 310.0)
+    assert g.allow(2)
+    assert g.allow(3)  # near a measured size: interpolated
+    assert not g.allow(5)  # far from any: measured first
+    for _ in range(11):
+        g.observe(2, True, 4, 305.0)  # speculating steps that pay
+    assert g.account_ms > 0
+    assert not g.allow(2)  # the plain reference is 11 steps old: measure again
+    assert g.plain_estimate(3) == pytest.approx(g.plain_ms[2] * 1.5)  # scaled up from 2
+    g.observe(4, False, 0, 400.0)
+    g.observe(4, False, 0, 400.0)
+    assert g.plain_estimate(3) == pytest.approx((g.plain_ms[2] + 400.0) / 2)  # interpolated
+    assert g.observe(2, True, 0, None) is None  # a prefill step is not charged
+
+
+def _runtime_run(engine: Engine, payoff: Payoff, steps: int = 1500, propose_ms: float = 0.0,
+                 draft_rate: float = 1.0) -> dict[str, float]:
+    """AdaptiveRuntime (shipped cpu cost prior) driving `engine` with 4 chat requests. The
+    proposer finds a draft for a request with probability `draft_rate`, and costs
+    `propose_ms` x the longest K in every step after one that asked for drafts: work the
+    controller's step-time features (draft tokens verified) cannot see when drafts are empty."""
+    policy = Policy(
+        classes={"chat": ClassPolicy(prior_acceptance=0.65),
+                 "interactive": ClassPolicy(latency_critical=True)},
+        default_class="chat", exploration=0.05, payoff=payoff, cost_model=CostModel(preset="cpu"))
+    rt = AdaptiveRuntime(policy, k_cap=8)
+    rng = np.random.default_rng(7)
+    ids = [f"r{i}" for i in range(4)]
+    for r in ids:
+        rt.admit(r, RequestInfo(extra_args={"adaptspec_class": "chat"}))
+    ks = dict.fromkeys(ids, 0)
+    time_ms = plain_ms = 0.0
+    spec = 0
+    for _ in range(steps):
+        want = [ks[r] for r in ids]
+        drafted = [k if rng.random() < draft_rate else 0 for k in want]
+        accepted, t, plain = engine.step(drafted)
+        t += propose_ms * max(want)
+        time_ms += t
+        plain_ms += plain
+        spec += any(want)
+        ks = rt.step(ids, drafted, accepted, t / 1e3)
+    return {"speedup": plain_ms / time_ms, "spec_share": spec / steps}
+
+
+def test_runtime_with_the_guard_is_never_much_slower_than_plain() -> None:
+    # A proposer that rarely finds a draft (5% of requests) but costs 40 ms per draft
+    # position whenever asked: the controller alone keeps asking, its cost model blind to it.
+    slow = {"propose_ms": 40.0, "draft_rate": 0.05}
+    off = _runtime_run(Engine(10.0, 5.0, 0.3, seed=3), Payoff(enabled=False), **slow)
+    on = _runtime_run(Engine(10.0, 5.0, 0.3, seed=3), Payoff(), **slow)
+    assert off["speedup"] < 0.95
+    # 1% budget, and 1% for the error of the plain reference under 10% noise per step
+    assert on["speedup"] >= 0.98
+    # ...and where drafts are cheap and accepted, the guard leaves the gain in place.
+    off = _runtime_run(Engine(5.0, 10.0, 0.9, seed=4), Payoff(enabled=False))
+    on = _runtime_run(Engine(5.0, 10.0, 0.9, seed=4), Payoff())
+    assert off["speedup"] > 1.3
+    assert on["speedup"] > 0.95 * off["speedup"]
