@@ -24,6 +24,8 @@ import os
 
 import numpy as np
 
+from adaptspec.cost import N_FEATURES
+
 try:
     if os.environ.get("ADAPTSPEC_NO_NUMBA"):
         raise ImportError("ADAPTSPEC_NO_NUMBA is set")
@@ -288,7 +290,7 @@ def warm_up() -> None:
     kk, n = 1, 1
     i64 = np.zeros(n, dtype=np.int64)
     decide_uniform(np.ones((2, n)), np.ones((9, n)), i64, 0, 7, kk, np.zeros(n, dtype=bool),
-                   np.zeros((0, 1)), 0.995, 128, np.ones(6), 1.0, 0.0, np.inf, True,
+                   np.zeros((0, 1)), 0.995, 128, np.ones(N_FEATURES), 1.0, 0.0, np.inf, True,
                    np.zeros((2, n), dtype=np.int64), i64, i64, np.zeros((kk, n)), i64.copy(),
                    i64.copy())
     class_rows(np.ones((2 * kk + 2, 1)), np.ones((9, 1)), kk, 0, 7, True)

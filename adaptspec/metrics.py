@@ -60,12 +60,26 @@ class Metrics:
         self.step_time = Gauge(
             "adaptspec_step_time_ms", "Measured step time of the last step", ["kind"],
             multiprocess_mode="mostrecent", **kw)
+        self.payoff_held = Counter(
+            "adaptspec_payoff_held_steps",
+            "Engine steps the payoff guard kept plain: to measure the plain step (measure) or "
+            "because speculation had lost its budget (budget)", ["reason"], **kw)
+        self.payoff_lost = Counter(
+            "adaptspec_payoff_lost_ms",
+            "Time speculating steps took beyond plain decoding's for the same tokens", **kw)
+        self.payoff_saved = Counter(
+            "adaptspec_payoff_saved_ms",
+            "Time speculating steps saved against plain decoding for the same tokens", **kw)
+        self.payoff_account = Gauge(
+            "adaptspec_payoff_account_ms", "The payoff guard's account (speculation allowed "
+            "while positive)", multiprocess_mode="mostrecent", **kw)
 
     def unregister(self) -> None:
         """Take these series out of their registry, so another Metrics may take the names."""
         for c in (self.draft_tokens, self.accepted_tokens, self.accepted_per_pos,
                   self.drafted_per_pos, self.steps, self.chosen_k, self.acceptance,
-                  self.confidence_cut, self.errors, self.step_time):
+                  self.confidence_cut, self.errors, self.step_time, self.payoff_held,
+                  self.payoff_lost, self.payoff_saved, self.payoff_account):
             try:
                 self._registry.unregister(c)
             except KeyError:  # already out
@@ -81,6 +95,18 @@ class Metrics:
 
     def record_error(self) -> None:
         self.errors.inc()
+
+    def record_payoff(self, held: str | None, loss_ms: float | None, account_ms: float) -> None:
+        """One step of the payoff guard: why it held the next step plain (None: it did not),
+        what the measured step lost (> 0) or saved (< 0), and its account after."""
+        if held is not None:
+            self.payoff_held.labels(held).inc()
+        if loss_ms is not None:
+            if loss_ms > 0:
+                self.payoff_lost.inc(loss_ms)
+            else:
+                self.payoff_saved.inc(-loss_ms)
+        self.payoff_account.set(account_ms)
 
     def record_confidence_cut(self, removed: dict[str, int]) -> None:
         """Draft tokens dropped per class name by Controller.cut."""

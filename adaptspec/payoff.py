@@ -59,6 +59,7 @@ class PayoffGuard:
         self.time_ms = 0.0
         self.forced_plain = 0  # decisions held plain to measure the plain step
         self.held = 0  # decisions held plain because the account was spent
+        self.last_hold: str | None = None  # why the last `allow` said no: measure | budget
 
     # ---------------------------------------------------------------- the plain reference
 
@@ -108,13 +109,16 @@ class PayoffGuard:
 
     def allow(self, batch: int) -> bool:
         """May the next step (about `batch` requests) speculate?"""
+        self.last_hold = None
         if batch <= 0:
             return False
         if not self._fresh(batch):
             self.forced_plain += 1
+            self.last_hold = "measure"
             return False
         if self.account_ms <= 0.0:
             self.held += 1
+            self.last_hold = "budget"
             return False
         return True
 

@@ -128,10 +128,17 @@ class AdaptiveRuntime:
         # decided last step): either costs time whatever was accepted.
         speculated = any(drafted) or any(self._k.get(r, 0) for r in req_ids)
         lc = bool(self._latency_critical) and any(c in self._latency_critical for c in classes)
-        guard.observe(len(req_ids), speculated, int(sum(accepted)),
-                      None if step_time_s is None else step_time_s * 1e3,
-                      latency_critical=lc, slack=self.policy.latency_critical_slack)
-        return guard.allow(len(req_ids))
+        loss = guard.observe(len(req_ids), speculated, int(sum(accepted)),
+                             None if step_time_s is None else step_time_s * 1e3,
+                             latency_critical=lc, slack=self.policy.latency_critical_slack)
+        allow = guard.allow(len(req_ids))
+        if self.metrics is not None:
+            try:
+                self.metrics.record_payoff(guard.last_hold, loss, guard.account_ms)
+            except Exception:
+                self._count_error()
+                log.exception("adaptspec: metrics failed; serving continues")
+        return allow
 
     def cut(self, req_ids: Sequence[str], lengths: Sequence[int],
             confidence: Sequence[float]) -> list[int]:

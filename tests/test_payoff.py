@@ -182,3 +182,29 @@ def test_runtime_with_the_guard_is_never_much_slower_than_plain() -> None:
     on = _runtime_run(Engine(5.0, 10.0, 0.9, seed=4), Payoff())
     assert off["speedup"] > 1.3
     assert on["speedup"] > 0.95 * off["speedup"]
+
+
+def test_runtime_records_why_it_held_and_what_speculation_lost() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from adaptspec.metrics import Metrics
+
+    reg = CollectorRegistry()
+    policy = Policy(classes={"code": ClassPolicy(prior_acceptance=0.9)}, default_class="code",
+                    exploration=0.0, hysteresis_steps=1, cost_model=CostModel(
+                        base_ms=10, per_draft_token_ms=0.0, spec_overhead_ms=0.0, learn=False))
+    rt = AdaptiveRuntime(policy, k_cap=4, metrics=Metrics(policy.max_classes, policy.k_max,
+                                                          registry=reg))
+    rt.admit("a", RequestInfo())
+    # no plain step measured yet: held, and the decision is counted as plain
+    assert rt.step(["a"], [0], [0], 0.1) == {"a": 0}
+    assert rt.guard.last_hold == "measure"
+    assert rt.step(["a"], [0], [0], 0.1) == {"a": 4}  # two plain steps measured: speculate
+    rt.step(["a"], [4], [0], 0.2)  # drafts all rejected, the step twice as long: 100 ms lost
+    rt.step(["a"], [0], [0], 0.1)  # the account is still below 0: held again
+    text = generate_latest(reg).decode()
+    assert 'adaptspec_payoff_held_steps_total{reason="measure"} 1.0' in text
+    assert 'adaptspec_payoff_held_steps_total{reason="budget"} 2.0' in text
+    assert "adaptspec_payoff_lost_ms_total 100.0" in text
+    assert 'adaptspec_steps_total{class="code",decision="plain"} 3.0' in text  # 1, 3, 4
+    assert rt.guard.account_ms < 0

@@ -113,6 +113,8 @@ def runs(tiny_models: dict, policy_file: Path, tmp_path_factory: pytest.TempPath
     greedy = {"prompts": prompts, "classes": (["code", "interactive"] * N_PROMPTS)[:N_PROMPTS],
               "max_tokens": MAX_TOKENS}
     env = {"ADAPTSPEC_POLICY": str(policy_file)}
+    guarded = tmp / "guarded.yaml"
+    guarded.write_text(TEST_POLICY.replace("payoff: {enabled: false}", "payoff: {enabled: true}"))
     ours = {"method": "custom_class", "model": OURS_NGRAM, "num_speculative_tokens": 4}
     configs: dict[str, tuple[dict | None, bool, dict]] = {
         "plain": (None, False, {}),
@@ -125,6 +127,9 @@ def runs(tiny_models: dict, policy_file: Path, tmp_path_factory: pytest.TempPath
                          "num_speculative_tokens": 4}, True, {}),
         # A controller that raises every 3rd step: fallback K, counted, same tokens.
         "ours_faulty": (ours, True, {"ADAPTSPEC_FAULT": "raise_every=3"}),
+        # The payoff guard on, as shipped: it measures plain steps and holds speculation that
+        # does not pay, and changes no token.
+        "ours_guarded": (ours, True, {"ADAPTSPEC_POLICY": str(guarded)}),
     }
     engines = [{"name": name, "model": target, "spec": spec, "adaptive": adaptive,
                 "env": {**env, **extra_env}, **greedy}
@@ -171,6 +176,18 @@ def test_latency_critical_class_gets_no_drafts(runs: dict, name: str) -> None:
     assert rows["interactive"].get("draft_tokens", 0) == 0
     assert rows["interactive"].get("steps_latency_critical", 0) > 0
     assert rows["code"]["draft_tokens"] > 0
+
+
+def test_payoff_guard_in_the_engine_changes_no_token_and_reports(runs: dict) -> None:
+    plain, guarded = runs["plain"]["tokens"], runs["ours_guarded"]["tokens"]
+    assert len(plain) == len(guarded) >= 50 and plain == guarded
+    series = runs["ours_guarded"]["adaptspec"]
+    held = series.get("adaptspec_payoff_held_steps_total", {})
+    # it measured plain steps before letting any request speculate
+    assert sum(v for k, v in held.items() if dict(k)["reason"] == "measure") > 0, held
+    assert "adaptspec_payoff_account_ms" in series
+    steps = series["adaptspec_steps_total"]
+    assert sum(v for k, v in steps.items() if dict(k)["decision"] == "plain") > 0
 
 
 def test_learned_k_follows_acceptance(runs: dict) -> None:
