@@ -208,3 +208,11 @@ def test_runtime_records_why_it_held_and_what_speculation_lost() -> None:
     assert "adaptspec_payoff_lost_ms_total 100.0" in text
     assert 'adaptspec_steps_total{class="code",decision="plain"} 3.0' in text  # 1, 3, 4
     assert rt.guard.account_ms < 0
+
+
+def test_a_stall_is_charged_as_three_plain_steps_at_most() -> None:
+    g = PayoffGuard()
+    g.observe(4, False, 0, 400.0)
+    g.observe(4, False, 0, 400.0)
+    assert g.observe(4, True, 0, 5000.0) == pytest.approx(3 * 400.0 - 400.0)
+    assert g.observe(4, True, 4, 600.0) == pytest.approx(600.0 - 800.0)
