@@ -181,7 +181,7 @@ def check_greedy(repeats: list[dict[str, dict[str, Any]]]) -> list[str]:
 
 
 def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, Any]) -> str:
-    lines = [f"{'config':<15}{'tok/s (per repeat)':>28}{'x plain med':>13}{'spread':>8}"
+    lines = [f"{'config':<19}{'tok/s (per repeat)':>24}{'x plain med':>13}{'spread':>8}"
              f"{'LC gap ms':>11}{'LC x plain':>12}{'drafts/acc':>12}"]
     for name in repeats[0]:
         v = verdict[name]
@@ -189,7 +189,7 @@ def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, An
         gap = statistics.median(rep[name]["lc_median_gap_ms"] for rep in repeats)
         drafts = statistics.median(rep[name]["vllm_draft_tokens"] for rep in repeats)
         acc = statistics.median(rep[name]["vllm_accepted_tokens"] for rep in repeats)
-        lines.append(f"{name:<15}{tps:>28}{v['over_plain']['median']:>13.3f}"
+        lines.append(f"{name:<19}{tps:>24}{v['over_plain']['median']:>13.3f}"
                      f"{v['over_plain']['spread']:>8.3f}{gap:>11.1f}"
                      f"{v['lc_gap_over_plain']['median']:>12.3f}{f'{drafts:.0f}/{acc:.0f}':>12}")
     if "goal_met" in verdict:
