@@ -13,14 +13,17 @@ step with drafts can slow every request in it:
 - A step that verified or proposed drafts is charged its loss: its measured time minus the time
   plain decoding would have taken to emit the same tokens at that batch size,
   ``t - (B + accepted) / B * plain(B)``, with t at most 3 x plain(B) (beyond: a stall). A gain
-  is a negative loss. With a latency-critical
-  request in the batch, the loss is at least the step's time over ``(1 + slack) * plain(B)``,
-  since that request gets one token a step whatever the others accept.
+  is a negative loss. With a latency-critical request in the batch, the loss is at least the
+  step's time over ``(1 + slack) * plain(B)``, since that request gets one token a step
+  whatever the others accept.
 - Every measured step adds ``budget`` (1%) of its time to an account; losses are taken from it,
-  gains paid into it, up to ``cap_steps`` plain steps' worth. Speculation is allowed while the
-  account is positive. So what speculation loses is bounded by 1% of the engine's time plus the
-  cap, whatever the cost model believes; while speculation pays, the account stays full and
-  nothing is held back.
+  gains paid into it, up to ``cap_steps`` (8) plain steps' worth. Speculation is allowed while
+  the account is positive. So what speculation loses is bounded by 1% of the engine's time plus
+  a few steps, whatever the cost model believes; while speculation pays, the account stays full
+  and nothing is held back.
+- A step proposes the drafts that the next one verifies, so a run of speculation, once started,
+  lasts at least ``min_run`` (2) decisions: otherwise a draft model's first proposing step,
+  charged its passes with no gain yet, would end the run before its drafts were verified.
 
 Steps that also prefilled are not measured (their time says little about the decodes), and
 neither charge nor credit the account. Engine-agnostic: the runtime calls `allow` before each
@@ -45,14 +48,17 @@ class PayoffGuard:
     spec_steps, loss_ms (total charged), time_ms (total measured), forced_plain, held.
     """
 
-    def __init__(self, budget: float = 0.01, cap_steps: float = 2.0, refresh_steps: int = 256,
-                 memory: int = 64, min_samples: int = 2) -> None:
+    def __init__(self, budget: float = 0.01, cap_steps: float = 8.0, refresh_steps: int = 256,
+                 memory: int = 64, min_samples: int = 2, min_run: int = 2) -> None:
         if not 0.0 <= budget < 1.0:
             raise ValueError(f"budget must be in [0, 1), got {budget}")
         self.budget = budget
         self.cap_steps = cap_steps
         self.refresh_steps = refresh_steps
         self.memory = memory
+        self.min_run = min_run
+        self._committed = 0  # decisions still granted to the run of speculation in progress
+        self._allowed_last = False
         self.min_samples = min_samples
         self.plain_ms: dict[int, float] = {}
         self.plain_n: dict[int, int] = {}
@@ -116,15 +122,26 @@ class PayoffGuard:
         """May the next step (about `batch` requests) speculate?"""
         self.last_hold = None
         if batch <= 0:
+            self._allowed_last, self._committed = False, 0
             return False
+        if self._committed > 0:
+            # A step proposes the drafts the next one verifies: the first step of a run pays
+            # for drafting (a draft model's passes) before any gain can show, so a run is not
+            # cut before its first drafts are verified.
+            self._committed -= 1
+            return True
         if not self._fresh(batch):
             self.forced_plain += 1
             self.last_hold = "measure"
-            return False
-        if self.account_ms <= 0.0:
+        elif self.account_ms <= 0.0:
             self.held += 1
             self.last_hold = "budget"
+        if self.last_hold is not None:
+            self._allowed_last = False
             return False
+        if not self._allowed_last:
+            self._committed = self.min_run - 1
+        self._allowed_last = True
         return True
 
     def observe(self, batch: int, speculated: bool, accepted: int, step_ms: float | None,

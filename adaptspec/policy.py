@@ -189,8 +189,9 @@ class Payoff(_Strict):
         0.01, ge=0.0, le=0.5,
         description="share of engine time speculation may lose against plain decoding")
     cap_steps: float = Field(
-        2.0, ge=0.0, le=1000.0,
-        description="gains banked for later losses, in plain steps' worth")
+        8.0, ge=0.0, le=1000.0,
+        description="gains banked for later losses, in plain steps' worth (a draft model's "
+        "step whose drafts are all rejected loses about one)")
     refresh_steps: int = Field(
         256, ge=1, description="measured steps after which the plain step time is re-measured")
 
