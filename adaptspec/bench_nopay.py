@@ -10,10 +10,11 @@ same requests; one repeat runs all configurations one after another, side by sid
 
 Configurations: plain decoding with vLLM's default async scheduling (`none`) and without it
 (`none_sync`, as adaptspec runs), vLLM's static n-gram K=4, `adaptspec serve`'s defaults (our
-n-gram proposer, K up to the policy's k_max, the shipped default policy) and, with
-`--configs ... adaptspec_noguard`, the same with the payoff guard off (the controller alone, as
-before the guard existed). Servers run eager, as in `adaptspec bench` (`--compiled`: as `vllm
-serve` runs by default; on this 2-core machine a compiled server takes ~5 min to start).
+n-gram proposer, K up to the policy's k_max, the shipped default policy) and the same with the
+payoff guard on (`adaptspec_guard`; the recorded run of 2026-11-25 had the guard on by default
+and named the configuration without it `adaptspec_noguard`). Servers run eager, as in
+`adaptspec bench` (`--compiled`: as `vllm serve` runs by default; on this 2-core machine a
+compiled server takes ~5 min to start).
 
 Reported per repeat and as the median over repeats (with the spread between repeats): output
 tokens/s of the main stream over the faster plain configuration of the same repeat, and the
@@ -41,12 +42,12 @@ CONFIGS = (
                              "prompt_lookup_min": 2, "prompt_lookup_max": 4}, family="ngram"),
     Config("adaptspec", {"method": "custom_class", "model": OURS_NGRAM,
                          "num_speculative_tokens": 8}, adaptive=True, family="ours"),
-    Config("adaptspec_noguard", {"method": "custom_class", "model": OURS_NGRAM,
-                                 "num_speculative_tokens": 8}, adaptive=True, family="ours"),
+    Config("adaptspec_guard", {"method": "custom_class", "model": OURS_NGRAM,
+                               "num_speculative_tokens": 8}, adaptive=True, family="ours"),
 )
-DEFAULT_CONFIGS = ("none", "none_sync", "vllm_ngram_k4", "adaptspec")
+DEFAULT_CONFIGS = ("none", "none_sync", "vllm_ngram_k4", "adaptspec", "adaptspec_guard")
 # Policy keys a configuration sets on top of the policy given.
-POLICY_OVERRIDES = {"adaptspec_noguard": {"payoff": {"enabled": False}}}
+POLICY_OVERRIDES = {"adaptspec_guard": {"payoff": {"enabled": True}}}
 PLAIN = ("none", "none_sync")
 DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "policies" / "default.yaml"
 # Seconds between the starts of the latency-critical requests (each waits for the one before).
@@ -257,8 +258,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--lc-tokens", type=int, default=16)
     ap.add_argument("--configs", nargs="+", default=None,
-                    help=f"configurations (default {' '.join(DEFAULT_CONFIGS)}; also "
-                         "adaptspec_noguard); the two plain ones always run")
+                    help=f"configurations (default {' '.join(DEFAULT_CONFIGS)}); the two plain "
+                         "ones always run")
     ap.add_argument("--compiled", action="store_true",
                     help="servers compile the model (vLLM's default) instead of running eager")
     ap.add_argument("--out", default="out/nopay")

@@ -184,7 +184,8 @@ class Payoff(_Strict):
     step timings show it pays, and what it may lose before that is shown is budgeted."""
 
     enabled: bool = Field(
-        True, description="off: the controller's cost model alone decides (tests, studies)")
+        False, description="opt-in until measured on real engines: on the full benchmark's c=1 "
+        "cell it cost adaptspec over a draft model its gain (README, Never slower)")
     budget: float = Field(
         0.01, ge=0.0, le=0.5,
         description="share of engine time speculation may lose against plain decoding")

@@ -62,14 +62,16 @@ def test_streams_alternate_writing_and_math_and_are_greedy() -> None:
         == pytest.approx(50.0)  # 200 ms for one token, then 50 ms for each of two
 
 
-def test_noguard_configuration_turns_only_the_guard_off(tmp_path: Path) -> None:
-    cfg = next(c for c in nopay.CONFIGS if c.name == "adaptspec_noguard")
+def test_guard_configuration_turns_only_the_guard_on(tmp_path: Path) -> None:
+    cfg = next(c for c in nopay.CONFIGS if c.name == "adaptspec_guard")
     path = nopay.policy_for(cfg, nopay.DEFAULT_POLICY, tmp_path)
     data, shipped = yaml.safe_load(path.read_text()), yaml.safe_load(
         nopay.DEFAULT_POLICY.read_text())
     pay = data.pop("payoff")
-    assert pay.pop("enabled") is False
-    assert pay == shipped.pop("payoff", {})
+    assert pay.pop("enabled") is True
+    shipped_pay = shipped.pop("payoff", {})
+    shipped_pay.pop("enabled", None)
+    assert pay == shipped_pay
     assert data == shipped
     plain = next(c for c in nopay.CONFIGS if c.name == "adaptspec")
     assert nopay.policy_for(plain, nopay.DEFAULT_POLICY, tmp_path) == nopay.DEFAULT_POLICY

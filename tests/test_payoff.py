@@ -175,13 +175,13 @@ def test_runtime_with_the_guard_is_never_much_slower_than_plain() -> None:
     # position whenever asked: the controller alone keeps asking, its cost model blind to it.
     slow = {"propose_ms": 40.0, "draft_rate": 0.05}
     off = _runtime_run(Engine(10.0, 5.0, 0.3, seed=3), Payoff(enabled=False), **slow)
-    on = _runtime_run(Engine(10.0, 5.0, 0.3, seed=3), Payoff(), **slow)
+    on = _runtime_run(Engine(10.0, 5.0, 0.3, seed=3), Payoff(enabled=True), **slow)
     assert off["speedup"] < 0.95
     # 1% budget, and 1% for the error of the plain reference under 10% noise per step
     assert on["speedup"] >= 0.98
     # ...and where drafts are cheap and accepted, the guard leaves the gain in place.
     off = _runtime_run(Engine(5.0, 10.0, 0.9, seed=4), Payoff(enabled=False))
-    on = _runtime_run(Engine(5.0, 10.0, 0.9, seed=4), Payoff())
+    on = _runtime_run(Engine(5.0, 10.0, 0.9, seed=4), Payoff(enabled=True))
     assert off["speedup"] > 1.3
     assert on["speedup"] > 0.95 * off["speedup"]
 
@@ -193,7 +193,8 @@ def test_runtime_records_why_it_held_and_what_speculation_lost() -> None:
 
     reg = CollectorRegistry()
     policy = Policy(classes={"code": ClassPolicy(prior_acceptance=0.9)}, default_class="code",
-                    exploration=0.0, hysteresis_steps=1, cost_model=CostModel(
+                    exploration=0.0, hysteresis_steps=1, payoff=Payoff(enabled=True),
+                    cost_model=CostModel(
                         base_ms=10, per_draft_token_ms=0.0, spec_overhead_ms=0.0, learn=False))
     rt = AdaptiveRuntime(policy, k_cap=4, metrics=Metrics(policy.max_classes, policy.k_max,
                                                           registry=reg))
