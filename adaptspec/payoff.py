@@ -17,10 +17,11 @@ step with drafts can slow every request in it:
   step's time over ``(1 + slack) * plain(B)``, since that request gets one token a step
   whatever the others accept.
 - Every measured step adds ``budget`` (1%) of its time to an account; losses are taken from it,
-  gains paid into it, up to ``cap_steps`` (8) plain steps' worth. Speculation is allowed while
-  the account is positive. So what speculation loses is bounded by 1% of the engine's time plus
-  a few steps, whatever the cost model believes; while speculation pays, the account stays full
-  and nothing is held back.
+  gains paid into it, up to ``cap_steps`` (8) plain steps' worth, and it opens full.
+  Speculation is allowed while the account is positive. So what speculation loses is bounded
+  by 1% of the engine's time plus a few steps (the opening credit and the last run's overdraft),
+  whatever the cost model believes; while speculation pays, the account stays full and nothing
+  is held back.
 - A step proposes the drafts that the next one verifies, so a run of speculation, once started,
   lasts at least ``min_run`` (2) decisions: otherwise a draft model's first proposing step,
   charged its passes with no gain yet, would end the run before its drafts were verified.
@@ -107,6 +108,12 @@ class PayoffGuard:
         # estimate would let speculation through exactly when it is overrated.
         n = self.plain_n.get(batch, 0) + 1
         old = self.plain_ms.get(batch)
+        if not self.plain_ms:
+            # The account opens full: a draft model's first run (its catch-up pass over the
+            # context, no gain yet) would otherwise spend an empty account and hold
+            # speculation for ~100 steps per plain step lost, which on a short stream is all
+            # of it.
+            self.account_ms = self.cap_steps * ms
         if old is None:
             self.plain_ms[batch] = ms
         else:

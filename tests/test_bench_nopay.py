@@ -75,3 +75,21 @@ def test_guard_configuration_turns_only_the_guard_on(tmp_path: Path) -> None:
     assert data == shipped
     plain = next(c for c in nopay.CONFIGS if c.name == "adaptspec")
     assert nopay.policy_for(plain, nopay.DEFAULT_POLICY, tmp_path) == nopay.DEFAULT_POLICY
+
+
+def test_servers_run_in_groups_of_three_each_with_a_plain_reference() -> None:
+    groups = nopay.server_groups(list(nopay.CONFIGS))
+    assert [[c.name for c in g] for g in groups] == [
+        ["none", "none_sync", "adaptspec"], ["none_sync", "vllm_ngram_k4", "adaptspec_guard"]]
+    assert nopay.MAX_SERVERS == 3
+
+
+def test_a_later_groups_configuration_is_judged_against_its_own_reference() -> None:
+    ref = {"tok_per_s": 8.0, "lc_median_gap_ms": 250.0, "slice_wall_s": [4.0, 4.0]}
+    rep = {"none": _run(10.0, 200.0), "none_sync": _run(10.0, 200.0),
+           "vllm_ngram_k4": {**_run(8.8, 240.0), "reference": ref, "slice_wall_s": [4.0, 5.0]}}
+    rep["none_sync"]["slice_wall_s"] = [3.0, 3.0]
+    v = nopay.judge([rep])
+    assert v["vllm_ngram_k4"]["over_plain"]["median"] == pytest.approx(1.1)
+    assert v["vllm_ngram_k4"]["lc_gap_over_plain"]["median"] == pytest.approx(240 / 250)
+    assert v["vllm_ngram_k4"]["slices_over_none_sync"]["median"] == pytest.approx((1 + 0.8) / 2)

@@ -72,9 +72,10 @@ def test_speculation_that_does_not_pay_stops_and_costs_at_most_the_budget() -> N
     assert static["speedup"] < 0.8
     guard = PayoffGuard(budget=0.01)
     guarded = run_guard(Engine(200.0, 5.0, 0.2), 3000, k=2, guard=guard)
-    # The guard's own account bounds what it charged: 1% of the time plus one step's loss.
-    # (plus a run's second step, which goes ahead whatever the first cost)
-    assert guard.loss_ms <= 0.01 * guard.time_ms + 3 * Engine.plain(4)
+    # The guard's own account bounds what it charged: 1% of the time, the opening credit
+    # (cap_steps plain steps) and the last run's overdraft (its two steps, up to 1.5 plain
+    # steps' loss each here).
+    assert guard.loss_ms <= 0.01 * guard.time_ms + (guard.cap_steps + 3) * Engine.plain(4)
     # Against the engine's true plain time, the charge was estimated from noisy plain steps;
     # 1% budget plus 1% for that estimate's error.
     assert guarded["speedup"] >= 0.98
@@ -193,7 +194,9 @@ def test_runtime_records_why_it_held_and_what_speculation_lost() -> None:
 
     reg = CollectorRegistry()
     policy = Policy(classes={"code": ClassPolicy(prior_acceptance=0.9)}, default_class="code",
-                    exploration=0.0, hysteresis_steps=1, payoff=Payoff(enabled=True),
+                    exploration=0.0, hysteresis_steps=1,
+                    # the account opens with one plain step's credit (100 ms)
+                    payoff=Payoff(enabled=True, cap_steps=1.0),
                     cost_model=CostModel(
                         base_ms=10, per_draft_token_ms=0.0, spec_overhead_ms=0.0, learn=False))
     rt = AdaptiveRuntime(policy, k_cap=4, metrics=Metrics(policy.max_classes, policy.k_max,
@@ -247,3 +250,18 @@ def test_a_draft_model_run_is_not_cut_before_its_drafts_are_verified() -> None:
     # first proposing step alone would never verify a draft.
     assert verified > 500
     assert plain_ms / time_ms > 1.9
+
+
+def test_the_account_opens_full_so_a_draft_models_first_run_is_not_its_last() -> None:
+    """A draft model's first proposing step catches up on the context (here 2.5 plain steps
+    lost, no gain yet); the drafts it proposed then pay. An empty opening account would hold
+    speculation for ~250 steps after that one step."""
+    g = PayoffGuard()
+    g.observe(1, False, 0, 100.0)
+    assert g.account_ms == pytest.approx(g.cap_steps * 100.0)
+    g.observe(1, False, 0, 100.0)
+    assert g.allow(1)
+    g.observe(1, True, 0, 350.0)  # the catch-up: 250 ms lost
+    assert g.allow(1)  # the run's second decision
+    g.observe(1, True, 3, 150.0)  # 3 accepted: 4 tokens in 150 ms, 250 ms gained
+    assert g.allow(1) and g.account_ms > 0
