@@ -9,7 +9,6 @@ a fault gives every request the policy's fallback K, is logged and counted.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -24,12 +23,6 @@ from adaptspec.payoff import PayoffGuard
 from adaptspec.policy import Policy
 
 log = logging.getLogger(__name__)
-
-# Test hook for fault injection (tests/reliability): "raise_every=N" makes every Nth step raise
-# inside the controller, "delay_ms=X" makes every step take X ms longer, "metrics_raise_every=N"
-# makes every Nth write of a step's metrics fail (a broken registry). Comma-separated.
-FAULT_ENV = "ADAPTSPEC_FAULT"
-_FAULT_KEYS = ("raise_every", "delay_ms", "metrics_raise_every")
 
 
 class AdaptiveRuntime:
@@ -47,11 +40,9 @@ class AdaptiveRuntime:
         self.metrics = metrics
         self.classifier = Classifier(policy)
         self.errors = 0
-        self._faults = _parse_faults(os.environ.get(FAULT_ENV, ""))
         # The controller records each step's metrics through a guard, so a failing registry is
         # counted in adaptspec_controller_errors_total like any other fault.
-        guarded = None if metrics is None else _MetricsGuard(
-            metrics, self._count_error, int(self._faults.get("metrics_raise_every", 0)))
+        guarded = None if metrics is None else _MetricsGuard(metrics, self._count_error)
         self.controller = Controller(policy, metrics=guarded, seed=seed)
         self.fallback_k = min(policy.fallback_k, self.k_cap)
         pay = policy.payoff
@@ -100,8 +91,6 @@ class AdaptiveRuntime:
         if not req_ids:
             return {}
         try:
-            if self._faults:
-                self._inject_faults()
             classes = [self.classes.get(r, self.policy.default_class) for r in req_ids]
             allow = self._payoff(req_ids, classes, drafted, accepted, step_time_s)
             ks = self.controller.step_by_id(
@@ -229,15 +218,6 @@ class AdaptiveRuntime:
             except Exception:
                 log.exception("adaptspec: metrics failed")
 
-    def _inject_faults(self) -> None:
-        delay = self._faults.get("delay_ms", 0)
-        if delay:
-            time.sleep(delay / 1e3)
-        every = int(self._faults.get("raise_every", 0))
-        if every and (self.controller.steps + 1) % every == 0:
-            self.controller.steps += 1
-            raise RuntimeError(f"{FAULT_ENV}: injected controller fault")
-
     def summary(self) -> dict[str, Any]:
         s = self.controller.summary()
         s["runtime_errors"] = self.errors
@@ -254,17 +234,12 @@ class _MetricsGuard:
     """The controller's view of Metrics: a failure while recording a step is logged and counted
     (through the errors counter, which may still work) instead of reaching the controller."""
 
-    def __init__(self, metrics: Metrics, count_error: Any, raise_every: int = 0) -> None:
+    def __init__(self, metrics: Metrics, count_error: Any) -> None:
         self._metrics = metrics
         self._count_error = count_error
-        self._raise_every = raise_every
-        self._calls = 0
 
     def record_step(self, *args: Any, **kwargs: Any) -> None:
-        self._calls += 1
         try:
-            if self._raise_every and self._calls % self._raise_every == 0:
-                raise RuntimeError(f"{FAULT_ENV}: injected metrics fault")
             self._metrics.record_step(*args, **kwargs)
         except Exception:
             self._count_error()
@@ -275,15 +250,3 @@ class _MetricsGuard:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._metrics, name)
-
-
-def _parse_faults(spec: str) -> dict[str, float]:
-    faults: dict[str, float] = {}
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        key, _, value = part.partition("=")
-        if key in _FAULT_KEYS:
-            try:
-                faults[key] = float(value)
-            except ValueError:
-                log.warning("adaptspec: ignoring bad %s entry %r", FAULT_ENV, part)
-    return faults

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+# The test-only hooks (tests/support/adaptspec_testhooks: fault injection, a broken sampler):
+# importable here, and a vLLM plugin in every process a test starts, through PYTHONPATH.
+SUPPORT = str(Path(__file__).resolve().parent / "support")
+PYTHONPATH_WITHOUT_HOOKS = os.environ.get("PYTHONPATH", "")
+if SUPPORT not in sys.path:
+    sys.path.insert(0, SUPPORT)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SUPPORT, PYTHONPATH_WITHOUT_HOOKS]))
+import adaptspec_testhooks  # noqa: E402
+
+adaptspec_testhooks.install_faults()
 
 
 @pytest.fixture(scope="session")

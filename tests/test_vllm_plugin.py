@@ -211,6 +211,38 @@ def test_controller_faults_fall_back_and_are_counted(runs: dict) -> None:
     assert sum(v for k, v in steps.items() if dict(k)["decision"] == "fallback") > 0
 
 
+def test_a_production_process_ignores_the_test_hook_variables(
+        tiny_models: dict, tmp_path: Path) -> None:
+    """The fault and broken-sampler hooks live in tests/support (adaptspec_testhooks). An engine
+    whose process does not have that folder on its path, as every production process, ignores
+    ADAPTSPEC_FAULT and ADAPTSPEC_TEST_BROKEN_SAMPLER: no controller fault, and the rejection
+    sampler still rejects (with accept_all every draft would be accepted)."""
+    from adaptspec_vllm.run_engine import EngineRuns
+
+    pol = tmp_path / "policy.yaml"
+    pol.write_text(TEST_POLICY)
+    target, draft = tiny_models["target"], tiny_models["draft"]
+    prompts = _prompts(Path(target) / "tokenizer.json", 16)
+    engine = {"name": "hooks_set", "model": target, "adaptive": True,
+              "spec": {"method": "draft_model", "model": draft, "num_speculative_tokens": 3,
+                       "draft_sample_method": "probabilistic"},
+              "env": {"ADAPTSPEC_POLICY": str(pol), "ADAPTSPEC_FAULT": "raise_every=1",
+                      "ADAPTSPEC_TEST_BROKEN_SAMPLER": "accept_all"},
+              "prompts": prompts, "classes": ["code"] * 16, "temperature": 1.0, "seed": 0,
+              "max_tokens": 16}
+    without_hooks = os.pathsep.join(
+        p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if p and Path(p).resolve() != Path(__file__).resolve().parent / "support")
+    run = EngineRuns(tmp_path, "hooks", [engine], timeout=900,
+                     env={"PYTHONPATH": without_hooks}).results()["hooks_set"]
+    assert run["error"] is None, run["error"]
+    assert "adaptspec_testhooks" not in run["log"] and "TEST HOOK" not in run["log"]
+    assert sum(run["adaptspec"].get("adaptspec_controller_errors_total", {}).values()) == 0
+    drafted = run["spec"]["vllm:spec_decode_num_draft_tokens"]
+    accepted = run["spec"]["vllm:spec_decode_num_accepted_tokens"]
+    assert drafted >= 50 and accepted < drafted, (drafted, accepted)
+
+
 def test_our_proposer_drafts_exactly_k_and_nothing_for_k0(monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 

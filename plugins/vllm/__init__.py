@@ -37,10 +37,6 @@ def register() -> None:
     from adaptspec_vllm import cpu_fixes
 
     cpu_fixes.apply()
-    if os.environ.get("ADAPTSPEC_TEST_BROKEN_SAMPLER"):  # test-only hook, see testing.py
-        from adaptspec_vllm.testing import maybe_break_sampler
-
-        maybe_break_sampler()
 
 
 def _default_scheduler_to_adaptive() -> None:

@@ -1,0 +1,110 @@
+"""TEST-ONLY hooks: fault injection and a deliberately broken rejection sampler.
+
+They live here, outside the package, so that nothing a production process reads can turn them
+on: a server installed from the wheel never imports this module, whatever its environment says.
+Tests put this folder on sys.path and PYTHONPATH (tests/conftest.py); the
+``adaptspec_testhooks-0.0.0.dist-info`` beside it registers :func:`register` as a vLLM general
+plugin, so every vLLM process a test starts (API server, engine core, workers) installs them.
+Once installed they read their variables at each call, so engines started one after another in
+one process (adaptspec_vllm.run_engine) can each have their own.
+
+``ADAPTSPEC_FAULT``, comma-separated:
+- ``raise_every=N``: every Nth controller step raises (inside the runtime's step, which must
+  absorb it and give the fallback K);
+- ``delay_ms=X``: every controller step takes X ms longer;
+- ``metrics_raise_every=N``: every Nth write of a step's metrics fails, as a broken registry.
+
+``ADAPTSPEC_TEST_BROKEN_SAMPLER=accept_all|lenient`` breaks vLLM's rejection sampler in the
+process that samples, so the lossless-sampling tests can show they would catch a wrong rule:
+- ``accept_all``: the uniform draw is forced to 0, so ``p/q >= u`` always holds and every draft
+  token is accepted (the output follows the drafter);
+- ``lenient``: the draw is halved, accepting with ``min(1, 2 p/q)``: a subtler bias.
+It patches ``vllm.v1.sample.rejection_sampler.generate_uniform_probs``, which
+``rejection_sample`` looks up at call time; greedy requests never use it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+FAULT_ENV = "ADAPTSPEC_FAULT"
+BROKEN_SAMPLER_ENV = "ADAPTSPEC_TEST_BROKEN_SAMPLER"
+_FAULT_KEYS = ("raise_every", "delay_ms", "metrics_raise_every")
+_SCALES = {"accept_all": 0.0, "lenient": 0.5}
+
+def faults() -> dict[str, float]:
+    """ADAPTSPEC_FAULT as read now."""
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in os.environ.get(FAULT_ENV, "").split(","))):
+        key, _, value = part.partition("=")
+        if key not in _FAULT_KEYS:
+            raise ValueError(f"{FAULT_ENV}: unknown entry {part!r}; expected {_FAULT_KEYS}")
+        out[key] = float(value)
+    return out
+
+
+def install_faults() -> None:
+    """Wrap the controller's step and the metrics' step record (idempotent)."""
+    from adaptspec.controller import Controller
+    from adaptspec.metrics import Metrics
+
+    if getattr(Controller.step_by_id, "_testhook", False):
+        return
+    step_by_id, record_step = Controller.step_by_id, Metrics.record_step
+
+    def faulty_step_by_id(self: Any, *args: Any, **kwargs: Any) -> Any:
+        f = faults()
+        if f.get("delay_ms"):
+            time.sleep(f["delay_ms"] / 1e3)
+        every = int(f.get("raise_every", 0))
+        if every and (self.steps + 1) % every == 0:
+            self.steps += 1
+            raise RuntimeError(f"{FAULT_ENV}: injected controller fault")
+        return step_by_id(self, *args, **kwargs)
+
+    def faulty_record_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        every = int(faults().get("metrics_raise_every", 0))
+        self._testhook_calls = getattr(self, "_testhook_calls", 0) + 1
+        if every and self._testhook_calls % every == 0:
+            raise RuntimeError(f"{FAULT_ENV}: injected metrics fault")
+        return record_step(self, *args, **kwargs)
+
+    faulty_step_by_id._testhook = True  # type: ignore[attr-defined]
+    Controller.step_by_id = faulty_step_by_id  # type: ignore[method-assign]
+    Metrics.record_step = faulty_record_step  # type: ignore[method-assign]
+
+
+def install_broken_sampler() -> None:
+    """Scale vLLM's uniform draws by the mode ADAPTSPEC_TEST_BROKEN_SAMPLER names at each call
+    (idempotent; a no-op scale of 1 when it is unset)."""
+    from vllm.v1.sample import rejection_sampler as rs
+
+    if getattr(rs.generate_uniform_probs, "_testhook", False):
+        return
+    original = rs.generate_uniform_probs
+    warned: set[str] = set()
+
+    def generate_uniform_probs(*args: Any, **kwargs: Any) -> Any:
+        mode = os.environ.get(BROKEN_SAMPLER_ENV, "").strip()
+        if not mode:
+            return original(*args, **kwargs)
+        if mode not in _SCALES:
+            raise ValueError(f"{BROKEN_SAMPLER_ENV}={mode!r}: expected one of {sorted(_SCALES)}")
+        if mode not in warned:
+            warned.add(mode)
+            from vllm.logger import init_logger
+
+            init_logger("vllm.adaptspec").warning("adaptspec: TEST HOOK %s=%s: vLLM's rejection sampler is deliberately "
+                        "BROKEN in this process", BROKEN_SAMPLER_ENV, mode)
+        return original(*args, **kwargs) * _SCALES[mode]
+
+    generate_uniform_probs._testhook = True  # type: ignore[attr-defined]
+    rs.generate_uniform_probs = generate_uniform_probs
+
+
+def register() -> None:
+    """vLLM general-plugin entry point (test processes only, see the module docstring)."""
+    install_faults()
+    install_broken_sampler()
