@@ -1,9 +1,9 @@
 """Faults: serving goes on, nothing is corrupted, and every fault is counted.
 
-Injected through test hooks (ADAPTSPEC_FAULT, tests/support/adaptspec_testhooks): a controller that raises
-every Nth step, one that takes 50 ms a step, a metrics registry that fails; plus a truncated
-state snapshot at start, a snapshot folder nobody can write (root included), SIGKILL in the
-middle of snapshot writes. SIGTERM under load is in test_load.py.
+Injected through test hooks (ADAPTSPEC_FAULT, tests/support/adaptspec_testhooks): a controller
+that raises every Nth step, one that takes 50 ms a step, a metrics registry that fails; plus a
+truncated state snapshot at start, a snapshot folder nobody can write (root included), SIGKILL
+in the middle of snapshot writes. SIGTERM under load is in test_load.py.
 """
 
 from __future__ import annotations

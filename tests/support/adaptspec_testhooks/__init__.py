@@ -96,8 +96,9 @@ def install_broken_sampler() -> None:
             warned.add(mode)
             from vllm.logger import init_logger
 
-            init_logger("vllm.adaptspec").warning("adaptspec: TEST HOOK %s=%s: vLLM's rejection sampler is deliberately "
-                        "BROKEN in this process", BROKEN_SAMPLER_ENV, mode)
+            init_logger("vllm.adaptspec").warning(
+                "adaptspec: TEST HOOK %s=%s: vLLM's rejection sampler is deliberately BROKEN in "
+                "this process", BROKEN_SAMPLER_ENV, mode)
         return original(*args, **kwargs) * _SCALES[mode]
 
     generate_uniform_probs._testhook = True  # type: ignore[attr-defined]
