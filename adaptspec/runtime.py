@@ -48,7 +48,6 @@ class AdaptiveRuntime:
         pay = policy.payoff
         self.guard = PayoffGuard(pay.budget, pay.cap_steps, pay.refresh_steps) \
             if pay.enabled else None
-        self._latency_critical = {n for n, c in policy.classes.items() if c.latency_critical}
         self.classes: dict[str, str] = {}
         self._k: dict[str, int] = {}
         self._last_snapshot = time.monotonic()
@@ -116,7 +115,7 @@ class AdaptiveRuntime:
         # This step speculated if it verified drafts or its proposer ran with K > 0 (the K
         # decided last step): either costs time whatever was accepted.
         speculated = any(drafted) or any(self._k.get(r, 0) for r in req_ids)
-        lc = bool(self._latency_critical) and any(c in self._latency_critical for c in classes)
+        lc = any(self._latency_critical(c) for c in set(classes))
         loss = guard.observe(len(req_ids), speculated, int(sum(accepted)),
                              None if step_time_s is None else step_time_s * 1e3,
                              latency_critical=lc, slack=self.policy.latency_critical_slack)
@@ -173,12 +172,15 @@ class AdaptiveRuntime:
     def k_map(self) -> dict[str, int]:
         return dict(self._k)
 
-    def _fallback_for(self, req_id: str) -> int:
-        # Latency-critical stays at 0 even in a fault: that promise does not depend on the model.
+    def _latency_critical(self, cls: str) -> bool:
         # Dynamic classes (names the policy does not list) have the default class's settings.
         p = self.policy
-        cls = p.classes.get(self.classes.get(req_id, ""), p.classes[p.default_class])
-        return 0 if cls.latency_critical else self.fallback_k
+        return p.classes.get(cls, p.classes[p.default_class]).latency_critical
+
+    def _fallback_for(self, req_id: str) -> int:
+        # Latency-critical stays at 0 even in a fault: that promise does not depend on the model.
+        cls = self.classes.get(req_id, self.policy.default_class)
+        return 0 if self._latency_critical(cls) else self.fallback_k
 
     # ---------------------------------------------------------------- snapshots and faults
 
