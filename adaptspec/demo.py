@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import signal
 import subprocess
 import sys
@@ -21,6 +20,8 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 CODE_PROMPTS = [
     "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
@@ -61,20 +62,11 @@ def wait_ready(base: str, proc: subprocess.Popen, timeout_s: float = 600.0) -> N
 
 
 def parse_metrics(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-    """Prometheus text format -> {name: {sorted label pairs: value}} (enough for our series)."""
+    """Prometheus text format -> {sample name: {sorted label pairs: value}}."""
     out: dict[str, dict[tuple[tuple[str, str], ...], float]] = defaultdict(dict)
-    line_re = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s+(\S+)')
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        m = line_re.match(line)
-        if not m:
-            continue
-        labels = tuple(sorted(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(3) or "")))
-        try:
-            out[m.group(1)][labels] = float(m.group(4))
-        except ValueError:
-            continue
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[sample.name][tuple(sorted(sample.labels.items()))] = sample.value
     return out
 
 
