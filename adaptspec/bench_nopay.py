@@ -44,6 +44,7 @@ from typing import Any
 
 from adaptspec import workload
 from adaptspec.bench import OURS_NGRAM, Config, Server, Sizes, _free_port, run_cell
+from adaptspec.policy import shipped_policy
 
 CONFIGS = (
     Config("none", None),
@@ -59,7 +60,7 @@ DEFAULT_CONFIGS = ("none", "none_sync", "vllm_ngram_k4", "adaptspec", "adaptspec
 # Policy keys a configuration sets on top of the policy given.
 POLICY_OVERRIDES = {"adaptspec_guard": {"payoff": {"enabled": True}}}
 PLAIN = ("none", "none_sync")
-DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "policies" / "default.yaml"
+DEFAULT_POLICY = shipped_policy("default")
 # Seconds into each slice of the main stream at which its latency-critical request is sent
 # (after the slice's prefills, in the middle of its decodes).
 LC_OFFSET_S = 4.0

@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     chk.set_defaults(func=cmd_policy_check)
 
     sim = sub.add_parser("simulate", help="simulate none vs static K vs adaptive vs oracle")
-    sim.add_argument("--policy", default="policies/default.yaml")
+    sim.add_argument("--policy", default="default")
     sim.add_argument("--workload", default="mixed", choices=["mixed", "code", "creative"])
     sim.add_argument("--preset", choices=["cpu", "gpu"], default=None,
                      help="step-time model of the simulated engine (default: the policy's)")
@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(brun)
     brun.set_defaults(func=cmd_bench_run)
     dec = bench_sub.add_parser("decide", help="controller decision time per step")
-    dec.add_argument("--policy", default="policies/default.yaml")
+    dec.add_argument("--policy", default="default")
     dec.add_argument("--preset", choices=["cpu", "gpu"], default="gpu")
     dec.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64, 256])
     dec.add_argument("--repeats", type=int, default=5000)
@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="the main job: a real server, two classes, per-class K")
     demo.add_argument("--model", default=None, help="default: the Qwen2.5-Coder 0.5B (fetched)")
-    demo.add_argument("--policy", default="policies/default.yaml")
+    demo.add_argument("--policy", default="default")
     demo.add_argument("--port", type=int, default=8321)
     demo.add_argument("--requests", type=int, default=6, help="requests per class")
     demo.add_argument("--max-tokens", type=int, default=64)

