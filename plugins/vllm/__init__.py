@@ -44,8 +44,11 @@ def _default_scheduler_to_adaptive() -> None:
 
     Only the default changes: an explicit --scheduler-cls still wins.
     """
+    from adaptspec_vllm import touchpoints
+
     from vllm.config.scheduler import SchedulerConfig
 
+    touchpoints.check("config")
     if getattr(SchedulerConfig.get_scheduler_cls, "_adaptspec", False):
         return
     original = SchedulerConfig.get_scheduler_cls

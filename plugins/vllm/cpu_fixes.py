@@ -11,12 +11,20 @@ lossless-sampling test in tests/reliability/test_sampling.py: p < 1e-100 without
 
 ``apply()`` replaces ``expand_batch_to_tokens`` with the same operation in plain torch (expand
 one value per request to its tokens, mapping ``replace_from`` to ``replace_to``), on the CPU
-platform only; ``adaptspec_vllm.register()`` calls it in every process.
+platform of vLLM 0.32.0 only (AFFECTED); ``adaptspec_vllm.register()`` calls it in every process.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+from adaptspec_vllm import touchpoints
+from adaptspec_vllm.version import base_version
+
+log = logging.getLogger("vllm.adaptspec")
+# The vLLM versions whose CPU build has the broken kernel.
+AFFECTED = ("0.32.0",)
 
 
 def _expand_batch_to_tokens(x: Any, cu_num_tokens: Any, num_tokens: int,
@@ -32,11 +40,20 @@ def _expand_batch_to_tokens(x: Any, cu_num_tokens: Any, num_tokens: int,
 
 
 def apply() -> bool:
-    """Install the fix where it is needed (the CPU platform); returns whether it did."""
+    """Install the fix where it is needed (the CPU platform of an AFFECTED version); returns
+    whether it did."""
+    import vllm
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return False
+    version = base_version(str(getattr(vllm, "__version__", "")))
+    if version not in AFFECTED:
+        log.warning("adaptspec: vLLM %s on CPU: the expand_batch_to_tokens fix is for %s only "
+                    "and is not applied; sampled speculation is untested here", version,
+                    ", ".join(AFFECTED))
+        return False
+    touchpoints.check("sampler")
     from vllm.v1.sample import rejection_sampler as rs
 
     if getattr(rs.expand_batch_to_tokens, "_adaptspec", False):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from adaptspec_vllm import touchpoints
 from adaptspec_vllm.version import check_version
 
 from adaptspec import proposers as core
@@ -31,6 +32,7 @@ CONFIDENCE_ATTR = "adaptspec_confidence"
 
 
 def _install_runner_hook() -> None:
+    touchpoints.check("runner")
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     original = GPUModelRunner.propose_draft_token_ids

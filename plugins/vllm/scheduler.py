@@ -22,7 +22,7 @@ import os
 import time
 from typing import Any
 
-from adaptspec_vllm import POLICY_ENV
+from adaptspec_vllm import POLICY_ENV, touchpoints
 from adaptspec_vllm.version import check_version
 
 from adaptspec.classify import RequestInfo
@@ -43,6 +43,7 @@ class AdaptiveScheduler(Scheduler):
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         check_version()
+        touchpoints.check("scheduler")
         super().__init__(vllm_config, *args, **kwargs)
         self.runtime: AdaptiveRuntime | None = None
         self._step_start: float | None = None
