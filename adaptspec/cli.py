@@ -25,7 +25,7 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from adaptspec.simulator import format_table, run_simulation
+    from adaptspec.tools.simulator import format_table, run_simulation
 
     policy = load_policy(args.policy)
     result = run_simulation(
@@ -61,25 +61,25 @@ def cmd_bench_decide(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_run(args: argparse.Namespace) -> int:
-    from adaptspec.bench import run
+    from adaptspec.tools.bench.run import run
 
     return run(args)
 
 
 def cmd_bench_nopay(args: argparse.Namespace) -> int:
-    from adaptspec.bench_nopay import run
+    from adaptspec.tools.bench.nopay import run
 
     return run(args)
 
 
 def cmd_bench_calibrate(args: argparse.Namespace) -> int:
-    from adaptspec.calibrate import main as calibrate_main
+    from adaptspec.tools.bench.calibrate import main as calibrate_main
 
     return calibrate_main(args)
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from adaptspec import models
+    from adaptspec.tools import models
 
     if args.which == "tiny":
         info = models.build_tiny(Path(args.out) if args.out else None)
@@ -90,13 +90,13 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard_snapshot(args: argparse.Namespace) -> int:
-    from adaptspec.dashboard import snapshot_main
+    from adaptspec.tools.dashboard import snapshot_main
 
     return snapshot_main(args)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from adaptspec.demo import run_demo
+    from adaptspec.tools.demo import run_demo
 
     return run_demo(args)
 
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "vs adaptspec), `bench decide` (controller time per step)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     brun = bench_sub.add_parser("run", help="none vs vLLM static K vs adaptspec, real servers")
-    from adaptspec.bench import add_arguments as add_bench_arguments
+    from adaptspec.tools.bench.run import add_arguments as add_bench_arguments
 
     add_bench_arguments(brun)
     brun.set_defaults(func=cmd_bench_run)
@@ -141,14 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
         "nopay", help="the cell where speculation does not pay: default model, chat at c=4 "
                       "plus a latency-critical stream; plain (async and sync) vs vLLM ngram K=4 "
                       "vs adaptspec, repeated")
-    from adaptspec.bench_nopay import add_arguments as add_nopay_arguments
+    from adaptspec.tools.bench.nopay import add_arguments as add_nopay_arguments
 
     add_nopay_arguments(nopay)
     nopay.set_defaults(func=cmd_bench_nopay)
     cal = bench_sub.add_parser(
         "calibrate", help="fit the simulator's cpu step-time preset to a bench.json and check "
                           "its predicted ratios against the measured ones")
-    from adaptspec.calibrate import add_arguments as add_calibrate_arguments
+    from adaptspec.tools.bench.calibrate import add_arguments as add_calibrate_arguments
 
     add_calibrate_arguments(cal)
     cal.set_defaults(func=cmd_bench_calibrate)
@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     snap = sub.add_parser("dashboard-snapshot",
                           help="render the key Grafana panels to PNG from a Prometheus")
-    from adaptspec.dashboard import add_snapshot_arguments
+    from adaptspec.tools.dashboard import add_snapshot_arguments
 
     add_snapshot_arguments(snap)
     snap.set_defaults(func=cmd_dashboard_snapshot)

@@ -68,7 +68,7 @@ def main() -> None:
     args = ap.parse_args()
     model = args.model
     if model is None:
-        from adaptspec.models import build_qwen
+        from adaptspec.tools.models import build_qwen
 
         model = build_qwen()["draft"]
     from transformers import AutoTokenizer

@@ -25,13 +25,13 @@ adaptspec_testhooks.install_faults()
 def tiny_models() -> dict[str, Any]:
     """The tiny Llama target/draft pair (float32), built once and cached.
 
-    Built by :func:`adaptspec.models.build_tiny` with its default parameters into
+    Built by :func:`adaptspec.tools.models.build_tiny` with its default parameters into
     ``$ADAPTSPEC_MODELS_DIR/tiny`` (default ``~/.cache/adaptspec/models/tiny``): ~20 s the first
     time on 2 cores, instant afterwards. Returns the manifest plus ``dir``, ``target`` and
     ``draft`` (folder paths as strings; pass them to vLLM or transformers as ``model=``).
     """
     for mod in ("torch", "transformers", "tokenizers", "safetensors"):
         pytest.importorskip(mod, reason="needs the models extra: pip install 'adaptspec[models]'")
-    from adaptspec.models import build_tiny
+    from adaptspec.tools.models import build_tiny
 
     return build_tiny(progress=lambda msg: print(msg, flush=True))

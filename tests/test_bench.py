@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from adaptspec import bench, workload
+from adaptspec.tools.bench import run as bench
+from adaptspec.tools.bench import workload
 
 
 def _cell(requests: list[dict], wall: float = 2.0) -> dict:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from adaptspec import bench_nopay as nopay
+from adaptspec.tools.bench import nopay
 
 
 def _run(tok_per_s: float, lc_gap: float, tokens: list[int] | None = None) -> dict:

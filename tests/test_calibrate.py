@@ -1,4 +1,4 @@
-"""adaptspec.calibrate: the step-time fit recovers a known cost curve, acceptance is inverted
+"""bench.calibrate: the step-time fit recovers a known cost curve, acceptance is inverted
 from tokens per step, and the simulator check predicts what a synthetic engine produced."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adaptspec import calibrate
 from adaptspec.policy import Policy, policy_from_dict
+from adaptspec.tools.bench import calibrate
 
 TRUE = {"per_draft_token_ms": 3.0, "spec_overhead_ms": 5.0, "per_draft_position_ms": 20.0,
         "per_request_pass_ms": 2.0}

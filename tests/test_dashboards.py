@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
-from adaptspec import dashboard as dash
+from adaptspec.tools import dashboard as dash
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -81,7 +81,7 @@ needs_promtool = pytest.mark.skipif(
 def test_committed_dashboards_are_the_generated_ones(name: str) -> None:
     path = EXAMPLES / "grafana" / dash.DASHBOARD_FILES[name]
     assert path.read_text() == dash.render_json(dash.dashboards()[name]), (
-        f"{path} is stale: run `python -m adaptspec.dashboard generate`")
+        f"{path} is stale: run `python -m adaptspec.tools.dashboard generate`")
 
 
 def test_dashboards_have_the_panels_grafana_needs() -> None:

@@ -1,4 +1,4 @@
-"""adaptspec.models: the tiny pair's builder (determinism, cache, contents, agreement) and the
+"""adaptspec.tools.models: the tiny pair's builder (determinism, cache, contents, agreement) and the
 Qwen pair's helpers. The tiny pair itself comes from the session fixture ``tiny_models``
 (tests/conftest.py); the Qwen pair is only checked when it is already built."""
 
@@ -14,7 +14,7 @@ import pytest
 for _mod in ("torch", "transformers", "tokenizers", "safetensors"):
     pytest.importorskip(_mod, reason="needs the models extra: pip install 'adaptspec[models]'")
 
-from adaptspec import models  # noqa: E402
+from adaptspec.tools import models  # noqa: E402
 
 MODEL_FILES = (
     "config.json",

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -29,12 +31,24 @@ def test_an_unknown_shipped_name_is_refused_with_the_list() -> None:
 
 def test_the_wheel_installed_elsewhere_checks_simulates_and_dry_runs(tmp_path: Path) -> None:
     pytest.importorskip("setuptools")
-    wheels, site, work = tmp_path / "wheels", tmp_path / "site", tmp_path / "work"
+    src, wheels = tmp_path / "src", tmp_path / "wheels"
+    site, work = tmp_path / "site", tmp_path / "work"
     work.mkdir()
+    src.mkdir()
+    # What the wheel is built from, copied (a build writes build/ and *.egg-info beside it).
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("adaptspec", "plugins", "policies"):
+        shutil.copytree(ROOT / name, src / name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     # No build isolation and no index: the build uses this environment's setuptools, offline.
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(wheels), str(ROOT)], check=True)
+                    "--no-build-isolation", "-w", str(wheels), str(src)], check=True)
     (wheel,) = wheels.glob("adaptspec-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    packages = {str(p.parent.relative_to(ROOT)) for p in (ROOT / "adaptspec").rglob("__init__.py")}
+    assert {f"{p}/__init__.py" for p in packages} <= names, "a package left out of the wheel"
+    assert {"adaptspec/policies/default.yaml", "adaptspec_vllm/scheduler.py"} <= names
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
                     str(site), str(wheel)], check=True)
     # The wheel's files come first on the path; the dependencies are this environment's.
@@ -47,9 +61,14 @@ def test_the_wheel_installed_elsewhere_checks_simulates_and_dry_runs(tmp_path: P
         assert out.returncode == 0, out.stdout + out.stderr
         return out.stdout
 
-    where = subprocess.run([sys.executable, "-c", "import adaptspec.policy as p; "
-                            "print(p.__file__); print(p.shipped_policy('default'))"],
-                           cwd=work, env=env, capture_output=True, text=True, check=True)
+    # Every module of the package imports from the wheel (heavy tooling imports are lazy).
+    where = subprocess.run(
+        [sys.executable, "-c", "import importlib, pkgutil, adaptspec, adaptspec.policy as p\n"
+         "for m in pkgutil.walk_packages(adaptspec.__path__, 'adaptspec.'):\n"
+         "    importlib.import_module(m.name)\n"
+         "print(p.__file__); print(p.shipped_policy('default'))"],
+        cwd=work, env=env, capture_output=True, text=True)
+    assert where.returncode == 0, where.stderr
     assert all(line.startswith(str(site)) for line in where.stdout.split()), where.stdout
     assert adaptspec("policy", "check", "default").startswith("default: OK")
     adaptspec("simulate", "--quick", "--json", str(work / "sim.json"))

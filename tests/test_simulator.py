@@ -11,7 +11,7 @@ import pytest
 
 from adaptspec.cost import StepCostModel
 from adaptspec.policy import CostModel, Policy, load_policy
-from adaptspec.simulator import (
+from adaptspec.tools.simulator import (
     LOADS,
     STATIC_KS,
     WORKLOADS,
@@ -144,7 +144,7 @@ def test_unknown_workload_is_refused(policy: Policy) -> None:
 def test_steps_without_a_draft_cost_what_plain_decoding_costs() -> None:
     # Requests of 10 tokens at concurrency 2 until four are done, every draft accepted when
     # there is one.
-    from adaptspec.simulator import FixedK, Stream, simulate
+    from adaptspec.tools.simulator import FixedK, Stream, simulate
 
     cost = CostModel(preset="cpu")
     n, width = 6, 4

@@ -1,4 +1,4 @@
-"""adaptspec.steps: engine steps rebuilt from the chunk times clients saw, against a synthetic
+"""bench.steps: engine steps rebuilt from the chunk times clients saw, against a synthetic
 engine whose steps are known (batch, tokens, prefills, durations), with arrival jitter."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adaptspec import steps
+from adaptspec.tools.bench import steps
 
 
 def _engine(step_s: float, prefill_s: float, jitter_s: float, seed: int = 0

@@ -1,4 +1,4 @@
-"""Tests for adaptspec.verify: greedy by hand, rejection sampling by chi-square goodness of fit.
+"""Tests for verify_reference: greedy by hand, rejection sampling by chi-square goodness of fit.
 
 The statistical setup keeps the target distribution at each position fixed (``p_j`` does not
 depend on the prefix) and draws the drafts independently from fixed ``q_j``. Then plain sampling
@@ -19,8 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from scipy.stats import chisquare
-
-from adaptspec.verify import (
+from verify_reference import (
     PAD,
     emitted_lists,
     sample_drafts,

@@ -151,7 +151,7 @@ class Server:
                 time.sleep(0.5)
 
     def metrics(self) -> dict[str, dict]:
-        from adaptspec.demo import parse_metrics
+        from adaptspec.tools.demo import parse_metrics
 
         return parse_metrics(urllib.request.urlopen(self.base + "/metrics", timeout=30)
                              .read().decode())
@@ -182,7 +182,7 @@ class Server:
 
 
 # The streaming client is adaptspec's own (the benchmark uses it too).
-from adaptspec.client import StreamResult, stream_completion  # noqa: E402,F401
+from adaptspec.tools.bench.client import StreamResult, stream_completion  # noqa: E402,F401
 
 # ------------------------------------------------------------------------------ statistics
 

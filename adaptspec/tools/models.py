@@ -21,7 +21,7 @@ to vLLM as ``model=``.
 This module is core code: it does not import vLLM, and torch, transformers, tokenizers (extra
 ``models``) are imported only inside the functions that need them.
 
-Command line: ``python -m adaptspec.models {tiny,qwen} [--out DIR] [--force]``.
+Command line: ``python -m adaptspec.tools.models {tiny,qwen} [--out DIR] [--force]``.
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def _require(*modules: str, extra: str = "models") -> None:
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         raise ImportError(
-            f"adaptspec.models needs {', '.join(missing)}: pip install 'adaptspec[{extra}]'"
+            f"adaptspec.tools.models needs {', '.join(missing)}: pip install 'adaptspec[{extra}]'"
         )
 
 
@@ -787,7 +787,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(
-        prog="python -m adaptspec.models", description=(__doc__ or "").split("\n")[0]
+        prog="python -m adaptspec.tools.models", description=(__doc__ or "").split("\n")[0]
     )
     ap.add_argument("which", choices=["tiny", "qwen"])
     ap.add_argument("--out", type=Path, default=None, help="output folder (default: cache)")

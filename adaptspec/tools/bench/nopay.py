@@ -42,9 +42,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adaptspec import workload
-from adaptspec.bench import OURS_NGRAM, Config, Server, Sizes, _free_port, run_cell
 from adaptspec.policy import shipped_policy
+from adaptspec.tools.bench import workload
+from adaptspec.tools.bench.run import OURS_NGRAM, Config, Server, Sizes, _free_port, run_cell
 
 CONFIGS = (
     Config("none", None),
@@ -286,7 +286,7 @@ def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, An
 def run(args: argparse.Namespace) -> int:
     model = args.model
     if model is None:
-        from adaptspec.models import build_qwen
+        from adaptspec.tools.models import build_qwen
 
         model = str(build_qwen()["draft"])
     from transformers import AutoTokenizer

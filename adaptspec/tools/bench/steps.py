@@ -111,7 +111,7 @@ def engine_steps(requests: list[dict[str, Any]]) -> list[Step]:
 
 
 def summarize(steps: list[Step]) -> dict[str, Any]:
-    """What adaptspec.calibrate needs of a cell's steps: per batch size, the pure decode steps
+    """What calibrate needs of a cell's steps: per batch size, the pure decode steps
     (count, mean duration in ms, decode tokens), and the time of every other step (prefills,
     with whatever decoded beside them), in seconds. A mean, not a median: a speculative step's
     time varies with the drafts it verified, and the cell's time is the sum."""

@@ -1,7 +1,7 @@
 """`adaptspec bench`: no speculation vs vLLM's static K vs adaptspec, on real vLLM servers.
 
 One invocation starts one vLLM OpenAI server per configuration, one after another on this
-machine, and sends every server the same request stream (adaptspec.workload) at each
+machine, and sends every server the same request stream (adaptspec.tools.bench.workload) at each
 concurrency: C closed-loop streaming clients, each sending its next request when the last one
 finished. Per configuration and concurrency it records output tokens/s, per class the time to
 first token, inter-token latency and acceptance length, and (adaptspec) the K chosen per class.
@@ -13,7 +13,7 @@ first token, inter-token latency and acceptance length, and (adaptspec) the K ch
   concurrency (float32), or the benchmark fails loudly (exit status 3, JSON still written).
 
 This module never imports vLLM; the servers run in child processes. Full run: the Qwen2.5-Coder
-1.5B target with the 0.5B draft (adaptspec.models); --quick: the tiny pair, small sizes.
+1.5B target with the 0.5B draft (adaptspec.tools.models); --quick: the tiny pair, small sizes.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adaptspec import steps, workload
-from adaptspec.client import StreamResult, stream_completion
-from adaptspec.demo import parse_metrics
 from adaptspec.policy import load_policy, shipped_policy
+from adaptspec.tools.bench import steps, workload
+from adaptspec.tools.bench.client import StreamResult, stream_completion
+from adaptspec.tools.demo import parse_metrics
 
 SCHEDULER = "adaptspec_vllm.scheduler.AdaptiveScheduler"
 OURS_NGRAM = "adaptspec_vllm.proposer.NgramProposer"
@@ -417,8 +417,8 @@ def summarize_cell(cell: dict[str, Any], static_k: int | None) -> dict[str, Any]
         # went to prefills that no decode overlapped (all of a wave's prompts at once).
         "decode_busy_s": busy_s,
         "decode_batch": decode_s / busy_s if busy_s else float("nan"),
-        # The engine steps rebuilt from the chunk times (adaptspec.steps): what
-        # adaptspec.calibrate fits to.
+        # The engine steps rebuilt from the chunk times (adaptspec.tools.bench.steps): what
+        # adaptspec.tools.bench.calibrate fits to.
         "engine_steps": steps.summarize(steps.engine_steps(cell["requests"])),
         "vllm_drafts": drafts,
         "vllm_draft_tokens": draft_tokens,
@@ -591,7 +591,7 @@ def plot(result: dict[str, Any], out_dir: Path) -> list[str]:
 
 
 def _models(quick: bool, target: str | None, draft: str | None) -> tuple[str, str, str]:
-    from adaptspec import models
+    from adaptspec.tools import models
 
     if target and draft:
         return target, draft, Path(target).name
@@ -700,8 +700,8 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(summary, rat))
     print()
     print(per_class_table(summary, max(sizes.concurrency)))
-    try:  # the simulator, fitted to what was just measured (adaptspec.calibrate)
-        from adaptspec.calibrate import calibrate, format_report
+    try:  # the simulator, fitted to what was just measured (adaptspec.tools.bench.calibrate)
+        from adaptspec.tools.bench.calibrate import calibrate, format_report
 
         result["calibration"] = calibrate(result, load_policy(args.policy), seed=args.seed)
         print()

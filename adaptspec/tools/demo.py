@@ -103,7 +103,7 @@ def _complete(base: str, model: str, prompt: str, cls: str, max_tokens: int) -> 
 def run_demo(args: argparse.Namespace) -> int:
     model = args.model
     if model is None:
-        from adaptspec.models import build_qwen
+        from adaptspec.tools.models import build_qwen
 
         print("adaptspec demo: fetching the Qwen2.5-Coder pair (cached after the first run)")
         model = build_qwen()["draft"]  # the 0.5B: our model-free proposers need no draft model

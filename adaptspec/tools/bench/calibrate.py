@@ -1,6 +1,6 @@
 """Fit the simulator's step-time preset to `adaptspec bench` measurements, and check it.
 
-The benchmark recorded when every client received every chunk of tokens; adaptspec.steps
+The benchmark recorded when every client received every chunk of tokens; adaptspec.tools.bench.steps
 rebuilds the engine steps from that: per cell (configuration, concurrency), its pure decode
 steps by batch size (how many, their mean time, the tokens they gave) and the time of the other
 steps, which prefilled prompts (most of the wall time at 16 clients: 15 prompts prefill in one
@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from adaptspec import simulator as sim
 from adaptspec.policy import CostModel, Policy, load_policy
-from adaptspec.steps import engine_steps, summarize
+from adaptspec.tools import simulator as sim
+from adaptspec.tools.bench.steps import engine_steps, summarize
 
 # How far a prediction may be from the measurement (issue: within 15%).
 TOLERANCE = 0.15
@@ -84,7 +84,7 @@ def _expected_max(dist: dict[str, float], batch: float) -> float:
 
 
 def cell_steps(result: dict[str, Any], name: str, conc: str) -> dict[str, Any]:
-    """A cell's engine steps (adaptspec.steps.summarize): from its summary, or rebuilt from the
+    """A cell's engine steps (steps.summarize): from its summary, or rebuilt from the
     requests' chunk times of a bench.json written with --raw before summaries carried them."""
     s = result["summary"][name][conc]
     if "engine_steps" in s:

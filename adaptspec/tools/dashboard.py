@@ -15,7 +15,7 @@ multiprocess mode sums counters and histograms over processes; the two gauges us
 ``mostrecent`` (no ``pid`` label), but are still wrapped in ``max by (...)`` so a deployment with
 another ``multiprocess_mode`` (which adds ``pid``) gets one line per class, not one per process.
 
-``python -m adaptspec.dashboard generate [--out examples/grafana]`` rewrites the JSON;
+``python -m adaptspec.tools.dashboard generate [--out examples/grafana]`` rewrites the JSON;
 ``adaptspec dashboard-snapshot --prometheus URL --out DIR`` renders the key panels to PNG from a
 Prometheus that scraped a run (matplotlib, extra ``dev``). Standard library only, apart from
 matplotlib inside :func:`snapshot`; never imports vLLM.
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "examples" / "grafana"
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "examples" / "grafana"
 DASHBOARD_FILES = {"overview": "adaptspec-overview.json", "class": "adaptspec-class.json"}
 DS = {"type": "prometheus", "uid": "${datasource}"}
 RATE = "$__rate_interval"
@@ -703,7 +703,7 @@ def add_snapshot_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m adaptspec.dashboard", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m adaptspec.tools.dashboard", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="write the dashboards' Grafana JSON")

@@ -104,7 +104,7 @@ class Stream:
 
     avail [n, max_len + width], optional: False where the proposer has no draft at that output
     position, as vLLM's n-gram where it finds no match: nothing is drafted or verified, whatever
-    K was asked (adaptspec.calibrate fits the share to a measured engine)."""
+    K was asked (adaptspec.tools.bench.calibrate fits the share to a measured engine)."""
 
     names: list[str]
     cls: np.ndarray
