@@ -66,7 +66,7 @@ def test_tiny_build_is_deterministic_and_cached(
     assert not list((tmp_path / "a").glob(".build-*"))  # staging folder cleaned up
 
     # a matching manifest is returned without rebuilding anything
-    monkeypatch.setattr(models, "train_tokenizer", _no_rebuild)
+    monkeypatch.setattr(models.tiny, "train_tokenizer", _no_rebuild)
     weights = tmp_path / "a" / "target" / "model.safetensors"
     mtime = weights.stat().st_mtime_ns
     msgs: list[str] = []

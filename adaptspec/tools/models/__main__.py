@@ -1,0 +1,3 @@
+from adaptspec.tools.models import main
+
+raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""The model cache: folders under ~/.cache/adaptspec/models (ADAPTSPEC_MODELS_DIR), each with a
+manifest.json written last (builder version, parameters, sha256 of every file), and a lock."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+TINY_VERSION = 2
+QWEN_VERSION = 1
+MANIFEST = "manifest.json"
+# ADAPTSPEC_MODELS_DIR overrides the default cache root (~/.cache/adaptspec/models).
+CACHE_ENV = "ADAPTSPEC_MODELS_DIR"
+
+Progress = Callable[[str], Any]
+
+# --------------------------------------------------------------------------------------------
+# shared helpers
+
+
+def cache_root() -> Path:
+    """The folder the builders use when no ``out_dir`` is given."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else Path("~/.cache/adaptspec/models").expanduser()
+
+
+def default_dir(name: str) -> Path:
+    """``~/.cache/adaptspec/models/<name>`` (``tiny`` or ``qwen``)."""
+    return cache_root() / name
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _hash_tree(root: Path, subdirs: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    files: dict[str, dict[str, Any]] = {}
+    for sub in subdirs:
+        for p in sorted((root / sub).rglob("*")):
+            if p.is_file():
+                rel = p.relative_to(root).as_posix()
+                files[rel] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+    return files
+
+
+def _with_paths(manifest: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    out = dict(manifest)
+    out["dir"] = str(out_dir)
+    for role in ("target", "draft"):
+        out[role] = str(out_dir / role)
+    return out
+
+
+def _cached(
+    out_dir: Path, builder: str, version: int, params: dict[str, Any], verify: bool
+) -> dict[str, Any] | None:
+    """The manifest in ``out_dir`` if it matches and its files are there, else None."""
+    path = out_dir / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if (
+        manifest.get("builder") != builder
+        or manifest.get("version") != version
+        or manifest.get("params") != params
+    ):
+        return None
+    for rel, info in manifest.get("files", {}).items():
+        p = out_dir / rel
+        if not p.is_file() or p.stat().st_size != info["bytes"]:
+            return None
+        if verify and sha256_file(p) != info["sha256"]:
+            return None
+    return manifest
+
+
+@contextlib.contextmanager
+def _locked(out_dir: Path) -> Iterator[None]:
+    """Serialise builders of the same folder (e.g. parallel test workers)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(out_dir / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _install_result(out_dir: Path, staging: Path, roles: tuple[str, ...]) -> None:
+    """Move ``staging/<role>`` to ``out_dir/<role>``, replacing what was there."""
+    stale = out_dir / MANIFEST
+    if stale.exists():
+        stale.unlink()
+    for role in roles:
+        dst = out_dir / role
+        if dst.exists():
+            shutil.rmtree(dst)
+        os.replace(staging / role, dst)
+
+
+def _write_manifest(out_dir: Path, manifest: dict[str, Any]) -> None:
+    tmp = out_dir / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, out_dir / MANIFEST)
+
+
+def _require(*modules: str, extra: str = "models") -> None:
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ImportError(
+            f"adaptspec.tools.models needs {', '.join(missing)}: pip install 'adaptspec[{extra}]'"
+        )
