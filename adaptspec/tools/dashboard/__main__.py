@@ -1,0 +1,5 @@
+import sys
+
+from adaptspec.tools.dashboard import main
+
+sys.exit(main())
