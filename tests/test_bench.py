@@ -7,8 +7,7 @@ import math
 
 import pytest
 
-from adaptspec.tools.bench import run as bench
-from adaptspec.tools.bench import workload
+from adaptspec.tools.bench import report, servers, workload
 
 
 def _cell(requests: list[dict], wall: float = 2.0) -> dict:
@@ -29,7 +28,7 @@ def _req(rid: str, cls: str, tokens: list[int], times: list[float], per_chunk: l
 def test_summary_shares_a_chunk_gap_among_its_tokens() -> None:
     # first token at 100 ms, then a step of 4 tokens after 40 ms and one of 1 after 10 ms
     cell = _cell([_req("a", "code", list(range(6)), [0.1, 0.14, 0.15], [1, 4, 1])], wall=1.0)
-    s = bench.summarize_cell(cell, static_k=4)
+    s = report.summarize_cell(cell, static_k=4)
     row = s["classes"]["code"]
     assert s["tok_per_s"] == pytest.approx(6.0)
     assert row["ttft_mean_ms"] == pytest.approx(100.0)
@@ -47,7 +46,7 @@ def test_summary_records_what_calibration_fits() -> None:
             "vllm:spec_decode_num_draft_tokens_total": 8.0,
             "vllm:spec_decode_num_accepted_tokens_total": 2.0}
     cell["spec_after"] = spec
-    s = bench.summarize_cell(cell, static_k=2)
+    s = report.summarize_cell(cell, static_k=2)
     assert s["request_steps"] == 4
     assert s["decode_tokens"] == 6
     assert s["step_ms_mean"] == pytest.approx((100 + 100 + 50 + 50) / 4)
@@ -70,7 +69,7 @@ def test_summary_separates_decode_time_from_unoverlapped_prefill() -> None:
          "start": 0.0, "prompt_tokens": 30}
     b = {**_req("b", "chat", list(range(2)), [1.5, 3.0], [1, 1]), "start": 0.0,
          "prompt_tokens": 10}
-    s = bench.summarize_cell(_cell([a, b], wall=3.0), static_k=None)
+    s = report.summarize_cell(_cell([a, b], wall=3.0), static_k=None)
     assert s["decode_busy_s"] == pytest.approx(2.0)
     assert s["decode_batch"] == pytest.approx((1.0 + 1.5) / 2.0)
     assert s["step_ms_median"] == pytest.approx(500.0)
@@ -84,7 +83,7 @@ def test_adaptive_k_distribution_comes_from_histogram_deltas() -> None:
     cell["k_hist_after"] = {"code": {"0.5": 4.0, "1.5": 4.0, "2.5": 9.0, "+Inf": 9.0}}
     cell["class_before"] = {"code": {"k_sum": 2.0, "k_count": 2.0, "drafted": 2, "accepted": 1}}
     cell["class_after"] = {"code": {"k_sum": 12.0, "k_count": 9.0, "drafted": 12, "accepted": 9}}
-    row = bench.summarize_cell(cell, static_k=None)["classes"]["code"]
+    row = report.summarize_cell(cell, static_k=None)["classes"]["code"]
     assert row["k_distribution"] == {"0": 3.0, "2": 4.0}
     assert row["mean_k"] == pytest.approx(10 / 7)
     assert row["draft_acceptance"] == pytest.approx(0.8)
@@ -96,8 +95,8 @@ def test_greedy_gate_flags_only_greedy_differences() -> None:
     same = {1: _cell([_req("g", "code", [1, 2, 3], [], []),
                       _req("s", "code", [9, 9], [], [], temperature=0.7)])}
     differ = {1: _cell([_req("g", "code", [1, 5, 3], [], [])])}
-    assert bench.check_greedy({"none": ref, "x": same}) == []
-    bad = bench.check_greedy({"none": ref, "x": same, "y": differ})
+    assert report.check_greedy({"none": ref, "x": same}) == []
+    bad = report.check_greedy({"none": ref, "x": same, "y": differ})
     assert bad == [{"config": "y", "concurrency": 1, "id": "g", "class": "code",
                     "first_difference": 1}]
 
@@ -110,16 +109,16 @@ def test_ratios_compare_with_the_best_static_config() -> None:
     summary = {"none": {1: summ(10, 100)}, "vllm_ngram_k2": {1: summ(12, 90)},
                "vllm_ngram_k4": {1: summ(15, 95)},
                "adaptspec_ngram": {1: summ(16.5, 101, 52.0)}}
-    configs = [bench.Config("none", None), bench.Config("vllm_ngram_k2", {}),
-               bench.Config("vllm_ngram_k4", {}), bench.Config("adaptspec_ngram", {}, True)]
-    r = bench.ratios(summary, configs)["1"]
+    configs = [servers.Config("none", None), servers.Config("vllm_ngram_k2", {}),
+               servers.Config("vllm_ngram_k4", {}), servers.Config("adaptspec_ngram", {}, True)]
+    r = report.ratios(summary, configs)["1"]
     assert r["best_static"] == "vllm_ngram_k4"
     a = r["adaptspec_ngram"]
     assert a["over_best_static"] == pytest.approx(1.1)
     assert a["over_none"] == pytest.approx(1.65)
     assert a["latency_critical_itl_over_none"] == pytest.approx(1.01)
     assert a["latency_critical_itl_median_over_none"] == pytest.approx(1.04)
-    table = bench.format_table(summary, bench.ratios(summary, configs))
+    table = report.format_table(summary, report.ratios(summary, configs))
     assert "adaptspec_ngram" in table and "LC ITL / none: 1.01 (median 1.04)" in table
 
 
@@ -134,11 +133,11 @@ def test_stream_is_seeded_covers_every_class_and_both_temperatures() -> None:
         assert temps == {0.0, 0.7}
     assert all(r.max_tokens == (10 if r.cls == "interactive" else 40) for r in a)
     assert len({r.seed for r in a}) == len(a)
-    assert not math.isnan(bench._pct([3.0, 1.0, 2.0], 99))
+    assert not math.isnan(report._pct([3.0, 1.0, 2.0], 99))
 
 
 def test_configs_cover_none_static_and_adaptive() -> None:
-    names = [c.name for c in bench.make_configs("/draft", bench.FULL)]
+    names = [c.name for c in servers.make_configs("/draft", servers.FULL)]
     assert names[0] == "none"
     assert {"vllm_ngram_k2", "vllm_ngram_k4", "vllm_ngram_k8", "vllm_draft_k2",
             "vllm_draft_k4", "adaptspec_ngram", "adaptspec_draft"} <= set(names)

