@@ -1,0 +1,231 @@
+"""One simulated engine: its step time, the K choosers compared, and one closed-loop run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from adaptspec.controller import Controller
+from adaptspec.policy import CostModel, Policy
+from adaptspec.tools.simulator.stream import Stream
+
+# ------------------------------------------------------------------------------ step time
+
+
+def engine_cost_model(policy: Policy, preset: str | None) -> CostModel:
+    """The engine's true step-time curve: a named preset (adaptspec/policy.py, COST_PRESETS,
+    where the sources are given) or, with none named, the policy's own cost model."""
+    return policy.cost_model if preset is None else CostModel(preset=preset)
+
+
+def controller_policy(policy: Policy, preset: str | None, prior: str) -> Policy:
+    """The policy the controller runs. prior="engine": its cost prior is the engine's preset
+    (a deployment sets cost_model.preset to its hardware; the learning settings are the
+    policy's), so the controller starts from the nominal curve and learns from noisy
+    measurements. prior="policy": the policy as written, e.g. a CPU prior on a GPU engine."""
+    if prior == "policy" or preset is None or preset == policy.cost_model.preset:
+        return policy
+    cm = policy.cost_model
+    cost = CostModel(preset=preset, learn=cm.learn, forgetting=cm.forgetting,
+                     prior_weight=cm.prior_weight)
+    return policy.model_copy(update={"cost_model": cost})
+
+
+def step_ms(cfg: CostModel, batch: int, spec: np.ndarray | int,
+            max_k: np.ndarray | int) -> np.ndarray:
+    """True (noise-free) step time in ms: the formula documented on CostModel. Written out here
+    rather than borrowed from the learner, so that a learner bug cannot hide in the truth."""
+    s = np.asarray(spec, dtype=float)
+    m = np.asarray(max_k, dtype=float)
+    return (cfg.base_ms + cfg.per_request_ms * batch + cfg.per_draft_token_ms * s
+            + cfg.per_draft_position_ms * m + cfg.spec_overhead_ms * (s > 0)
+            + cfg.over_knee_ms * np.maximum(0.0, batch + s - cfg.knee_tokens)
+            + cfg.per_request_pass_ms * batch * m)
+
+
+# ------------------------------------------------------------------------------ policies
+
+
+class Chooser(Protocol):
+    """How a simulated policy picks K. `choose` sees the batch (stream indices), the last step's
+    drafted/accepted counts per batch position (0 for new arrivals) and its measured time."""
+
+    def admit(self, positions: np.ndarray, reqs: np.ndarray) -> None: ...
+
+    def retire(self, reqs: np.ndarray) -> None: ...
+
+    def choose(self, reqs: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
+               last_ms: float | None) -> np.ndarray: ...
+
+
+class FixedK:
+    """K by class, fixed. With `limit_slack` set, a step carrying a latency-critical request
+    drops every draft if the plan's true step time would exceed plain decoding's by more than
+    the slack: the policy's latency rule, applied with perfect knowledge of the step time."""
+
+    def __init__(self, stream: Stream, k_by_class: np.ndarray, critical: np.ndarray,
+                 cost: CostModel, concurrency: int, limit_slack: float | None = None) -> None:
+        self.k_of_req = np.asarray(k_by_class, dtype=np.int64)[stream.cls]
+        self.critical_req = critical[stream.cls]
+        self.cost, self.concurrency, self.slack = cost, concurrency, limit_slack
+        self.limit = float(step_ms(cost, concurrency, 0, 0)) * (1.0 + (limit_slack or 0.0))
+
+    def admit(self, positions: np.ndarray, reqs: np.ndarray) -> None:
+        pass
+
+    def retire(self, reqs: np.ndarray) -> None:
+        pass
+
+    def choose(self, reqs: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
+               last_ms: float | None) -> np.ndarray:
+        ks = self.k_of_req[reqs]
+        if self.slack is not None and self.critical_req[reqs].any():
+            t = float(step_ms(self.cost, self.concurrency, int(ks.sum()), int(ks.max())))
+            if t > self.limit:
+                return np.zeros_like(ks)
+        return ks
+
+
+class Adaptive:
+    """The adaptspec controller, driven the way an engine drives it."""
+
+    def __init__(self, policy: Policy, stream: Stream, concurrency: int, seed: int) -> None:
+        self.ctl = Controller(policy, seed=seed)
+        self.names = stream.names
+        self.cls = stream.cls
+        self.slots = np.zeros(concurrency, dtype=np.int64)
+
+    def admit(self, positions: np.ndarray, reqs: np.ndarray) -> None:
+        for p, r in zip(positions.tolist(), reqs.tolist(), strict=True):
+            self.slots[p] = self.ctl.add_request(f"r{r}", self.names[self.cls[r]])
+
+    def retire(self, reqs: np.ndarray) -> None:
+        for r in reqs.tolist():
+            self.ctl.remove_request(f"r{r}")
+
+    def choose(self, reqs: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
+               last_ms: float | None) -> np.ndarray:
+        t = None if last_ms is None else last_ms / 1e3
+        return self.ctl.step(self.slots, drafted, accepted, t)
+
+
+# ------------------------------------------------------------------------------ one run
+
+
+@dataclass
+class RunStats:
+    """What one policy did at one load."""
+
+    tokens: int
+    time_ms: float
+    steps: int
+    drafted: int
+    accepted: int
+    request_steps: int
+    itl: dict[str, dict[str, float]]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.time_ms * 1e3
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tokens_per_s": round(self.tokens_per_s, 4),
+            "itl_ms": self.itl,
+            "mean_k": round(self.drafted / max(self.request_steps, 1), 4),
+            "acceptance": round(self.accepted / self.drafted, 4) if self.drafted else None,
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "simulated_s": round(self.time_ms / 1e3, 3),
+        }
+
+
+def _weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    order = np.argsort(values, kind="stable")
+    cum = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cum, q * cum[-1])])
+
+
+def _itl_summary(names: list[str], cls: np.ndarray, gaps: np.ndarray,
+                 emitted: np.ndarray) -> dict[str, dict[str, float]]:
+    """Inter-token latency per class. A request that gets n tokens from a step of t ms waits
+    t/n per token: the mean is sum(t) / sum(n), the p99 is over tokens (weights n). Both use
+    expected step times: the jitter is the same for every policy, and leaving it out keeps
+    what differs between policies (how long their steps are, how many tokens they bring)."""
+    out = {}
+    for c, name in enumerate(names):
+        m = cls == c
+        if not m.any():
+            continue
+        n, g = emitted[m], gaps[m]
+        out[name] = {"mean": round(float((g * n).sum() / n.sum()), 4),
+                     "p99": round(_weighted_quantile(g, n, 0.99), 4)}
+    return out
+
+
+def simulate(stream: Stream, concurrency: int, n_done: int, cost: CostModel,
+             noise: np.ndarray, chooser: Chooser, min_passes: int = 0) -> RunStats:
+    """Run until `n_done` requests have finished; throughput counts every token emitted.
+    min_passes: draft passes a step costs at least (a draft model makes its first pass even
+    when nothing is drafted: 1)."""
+    reqs = np.arange(concurrency)
+    pos = np.zeros(concurrency, dtype=np.int64)
+    length = stream.length
+    chooser.admit(np.arange(concurrency), reqs)
+    drafted = np.zeros(concurrency, dtype=np.int64)
+    accepted = np.zeros(concurrency, dtype=np.int64)
+    last_ms: float | None = None
+    nxt, done, steps, total_ms, n_drafted, n_accepted = concurrency, 0, 0, 0.0, 0, 0
+    log_cls, log_gap, log_n = [], [], []
+    while done < n_done:
+        ks = np.asarray(chooser.choose(reqs, drafted, accepted, last_ms), dtype=np.int64)
+        if stream.avail is not None:
+            ks = ks * stream.avail[reqs, pos]
+        k_top = int(ks.max(initial=0))
+        if k_top > 0:
+            cols = np.arange(k_top)
+            coins = stream.coins[reqs[:, None], pos[:, None] + cols]
+            ok = (coins < stream.alpha[reqs, :k_top]) & (cols < ks[:, None])
+            acc = np.cumprod(ok, axis=1).sum(axis=1)  # the run of accepted drafts from the start
+        else:
+            acc = np.zeros(concurrency, dtype=np.int64)
+        # The target's own token follows the accepted drafts; nothing past the request's end.
+        emitted = np.minimum(acc + 1, length[reqs] - pos)
+        expected_ms = float(step_ms(cost, concurrency, int(ks.sum()), max(k_top, min_passes)))
+        last_ms = expected_ms * noise[steps % len(noise)]
+        steps += 1
+        # Throughput and ITL add up the step's expected time: the noise does not depend on the
+        # plan, so this estimates the same expectation as the noisy times, with less variance
+        # (policies that take the same steps then tie exactly). The controller, like a real
+        # one, only sees the noisy measured time.
+        total_ms += expected_ms
+        n_drafted += int(ks.sum())
+        n_accepted += int(acc.sum())
+        log_cls.append(stream.cls[reqs])
+        log_gap.append(expected_ms / emitted)
+        log_n.append(emitted)
+        pos += emitted
+        drafted, accepted = ks, acc
+        fin = np.flatnonzero(pos >= length[reqs])
+        if fin.size:
+            chooser.retire(reqs[fin])
+            new = np.arange(nxt, nxt + fin.size)
+            nxt += fin.size
+            done += fin.size
+            reqs = reqs.copy()
+            reqs[fin] = new
+            pos[fin] = 0
+            drafted, accepted = ks.copy(), acc.copy()
+            drafted[fin] = 0  # an arrival has no previous step to report
+            accepted[fin] = 0
+            if done < n_done:
+                chooser.admit(fin, new)
+    emitted_all = np.concatenate(log_n)
+    return RunStats(
+        tokens=int(emitted_all.sum()), time_ms=total_ms, steps=steps, drafted=n_drafted,
+        accepted=n_accepted, request_steps=len(emitted_all),
+        itl=_itl_summary(stream.names, np.concatenate(log_cls), np.concatenate(log_gap),
+                         emitted_all),
+    )
