@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from adaptspec.policy import Policy, policy_from_dict
-from adaptspec.tools.bench import calibrate
+from adaptspec.tools.bench import calibrate, stepfit
 
 TRUE = {"per_draft_token_ms": 3.0, "spec_overhead_ms": 5.0, "per_draft_position_ms": 20.0,
         "per_request_pass_ms": 2.0}
@@ -26,7 +26,7 @@ def _cell(cfg: dict, conc: int, k_by_class: dict[str, int], rate: float = 1.0,
     """A summary cell as `adaptspec bench` writes it, from the true curve and acceptance: every
     decode step at a batch of `conc`, and prefill_s in steps that prefilled. An n-gram proposer
     has a draft at a share `rate` of request-steps."""
-    family = calibrate._family(cfg)
+    family = stepfit._family(cfg)
     rate = rate if family == "ngram" else 1.0
     reqs = {"code": 2 * conc, "chat": 2 * conc, "interactive": conc}
     total = sum(reqs.values())
@@ -48,7 +48,7 @@ def _cell(cfg: dict, conc: int, k_by_class: dict[str, int], rate: float = 1.0,
         for k, n in k_dist.items():
             key = str(max(int(k), 1)) if family == "draft_model" else k
             passes[key] = passes.get(key, 0.0) + n
-        max_k = calibrate._expected_max(passes, batch)
+        max_k = stepfit._expected_max(passes, batch)
     step = (PLAIN[batch] + TRUE["per_draft_token_ms"] * spec
             + TRUE["spec_overhead_ms"] * (spec > 0 or family == "draft_model")
             + (TRUE["per_draft_position_ms"] * max(max_k, 1)
@@ -95,27 +95,27 @@ def _result(rate: float = 1.0, prefill_s: float = 0.0) -> dict:
 
 
 def test_step_time_fit_recovers_the_true_curve() -> None:
-    rows, cells = calibrate.observations(_result())
-    fitted = calibrate.fit_cost(rows)
+    rows, cells = stepfit.observations(_result())
+    fitted = stepfit.fit_cost(rows)
     for key, value in TRUE.items():
         assert fitted[key] == pytest.approx(value, rel=1e-3, abs=1e-3), key
     for batch, ms in PLAIN.items():
-        assert calibrate.plain_step_ms(fitted, batch) == pytest.approx(ms, rel=1e-3), batch
+        assert stepfit.plain_step_ms(fitted, batch) == pytest.approx(ms, rel=1e-3), batch
     # between measured batch sizes: linear
-    assert calibrate.plain_step_ms(fitted, 10) == pytest.approx((52.0 + 136.0) / 2, rel=1e-3)
-    check = calibrate.step_time_check(rows, cells, fitted)
+    assert stepfit.plain_step_ms(fitted, 10) == pytest.approx((52.0 + 136.0) / 2, rel=1e-3)
+    check = stepfit.step_time_check(rows, cells, fitted)
     assert check and max(abs(c["error"]) for c in check) < 1e-3
     # the adaptive cells were not in the fit, and still predicted
     assert any(c["config"] == "adaptspec_draft" and not c["in_fit"] for c in check)
 
 
 def test_fit_ignores_adaptive_cells() -> None:
-    rows, _ = calibrate.observations(_result())
+    rows, _ = stepfit.observations(_result())
     for r in rows:
         if r["adaptive"]:
             r["step_ms"] *= 10  # a wild adaptive measurement must not move the fit
-    fitted = calibrate.fit_cost(rows)
-    assert calibrate.plain_step_ms(fitted, 4) == pytest.approx(PLAIN[4], rel=1e-3)
+    fitted = stepfit.fit_cost(rows)
+    assert stepfit.plain_step_ms(fitted, 4) == pytest.approx(PLAIN[4], rel=1e-3)
     assert fitted["per_draft_position_ms"] == pytest.approx(20.0, rel=1e-3)
 
 
@@ -127,10 +127,10 @@ def test_alpha_from_length_inverts_expected_tokens(alpha: float, k: int) -> None
 
 
 def test_expected_max_of_k() -> None:
-    assert calibrate._expected_max({"3": 5.0}, 4) == pytest.approx(3.0)
+    assert stepfit._expected_max({"3": 5.0}, 4) == pytest.approx(3.0)
     # half the requests K=0, half K=2: P(max >= 1) = P(max >= 2) = 1 - 0.5^B
-    assert calibrate._expected_max({"0": 1.0, "2": 1.0}, 2) == pytest.approx(2 * 0.75)
-    assert calibrate._expected_max({}, 8) == 0.0
+    assert stepfit._expected_max({"0": 1.0, "2": 1.0}, 2) == pytest.approx(2 * 0.75)
+    assert stepfit._expected_max({}, 8) == 0.0
 
 
 def test_simulator_check_predicts_a_synthetic_engine() -> None:
@@ -146,7 +146,7 @@ def test_simulator_check_predicts_a_synthetic_engine() -> None:
     assert max(abs(c["error"]) for c in statics) < 0.1, statics
     assert set(cal["gpu_preset"]) == {"draft_model", "ngram"}
     gpu = cal["gpu_preset"]["draft_model"]
-    assert set(gpu["adaptive_over_none"]) == {str(n) for n in calibrate.GPU_LOADS}
+    assert set(gpu["adaptive_over_none"]) == {str(n) for n in stepfit.GPU_LOADS}
     assert all(np.isfinite(v) and v > 0 for v in gpu["adaptive_over_none"].values())
     assert isinstance(calibrate.format_report(cal), str)
 
@@ -174,7 +174,7 @@ def test_simulator_check_accounts_for_missing_drafts_and_prefill() -> None:
 
 def test_calibration_needs_static_cells() -> None:
     with pytest.raises(ValueError, match="at least one static"):
-        calibrate.fit_cost([])
+        stepfit.fit_cost([])
     assert isinstance(Policy(), Policy)
 
 
@@ -187,17 +187,17 @@ def test_adaptive_k_is_counted_as_vllm_drafts_it() -> None:
     classes["code"]["k_distribution"] = {"7": 3.0, ">8": 2.0}
     classes["chat"]["k_distribution"] = {"0": 5.0}
     classes["interactive"]["k_distribution"] = {}
-    row = next(r for r in calibrate.observations(result)[0]
+    row = next(r for r in stepfit.observations(result)[0]
                if r["config"] == "adaptspec_draft" and r["concurrency"] == 4)
-    assert row["max_k"] == pytest.approx(calibrate._expected_max({"4": 5.0, "1": 5.0}, 4.0))
+    assert row["max_k"] == pytest.approx(stepfit._expected_max({"4": 5.0, "1": 5.0}, 4.0))
     # an n-gram proposer drafts nothing at K = 0
     classes = result["summary"]["adaptspec_ngram"]["4"]["classes"]
     classes["code"]["k_distribution"] = {"0": 5.0}
     classes["chat"]["k_distribution"] = {">8": 5.0}
     classes["interactive"]["k_distribution"] = {}
-    row = next(r for r in calibrate.observations(result)[0]
+    row = next(r for r in stepfit.observations(result)[0]
                if r["config"] == "adaptspec_ngram" and r["concurrency"] == 4)
-    assert row["max_k"] == pytest.approx(calibrate._expected_max({"0": 5.0, "8": 5.0}, 4.0))
+    assert row["max_k"] == pytest.approx(stepfit._expected_max({"0": 5.0, "8": 5.0}, 4.0))
     assert 0.0 < row["max_k"] < 8.0
 
 
@@ -210,12 +210,12 @@ def test_steps_come_from_raw_requests_when_the_summary_lacks_them() -> None:
     reqs = [{"start": 0.0, "chunk_times": [0.5, 0.6, 0.7], "chunk_tokens": [1, 1, 1]},
             {"start": 0.0, "chunk_times": [0.5, 0.6, 0.7], "chunk_tokens": [1, 1, 1]}]
     result["raw"] = {"none": {"4": {"requests": reqs}}}
-    got = calibrate.cell_steps(result, "none", "4")
+    got = stepfit.cell_steps(result, "none", "4")
     assert got["decode"] == {"2": [2, pytest.approx(100.0), 4]}
     assert got["other_s"] == pytest.approx(0.5)
     result.pop("raw")
     with pytest.raises(ValueError, match="run `adaptspec bench` again"):
-        calibrate.observations(result)
+        stepfit.observations(result)
 
 
 def test_cells_the_chunk_times_did_not_resolve_are_reported() -> None:
@@ -229,7 +229,7 @@ def test_cells_the_chunk_times_did_not_resolve_are_reported() -> None:
         n * 0.2, ms, tokens * 0.2]
     cal = calibrate.calibrate(result, policy)
     assert list(cal["unresolved_cells"]) == ["vllm_ngram_k4 c=4"]
-    assert cal["unresolved_cells"]["vllm_ngram_k4 c=4"] < calibrate.MIN_COVERAGE
+    assert cal["unresolved_cells"]["vllm_ngram_k4 c=4"] < stepfit.MIN_COVERAGE
     assert "NOT MEANINGFUL" in calibrate.format_report(cal)
 
 
