@@ -32,6 +32,9 @@ CONFIDENCE_ATTR = "adaptspec_confidence"
 
 
 def _install_runner_hook() -> None:
+    # No public hook gives a proposer the batch's request ids or a per-request K: vLLM's
+    # custom_class interface passes token rows only. So the model runner's two methods are
+    # wrapped (probed at start-up, touchpoints.py).
     touchpoints.check("runner")
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 

@@ -91,6 +91,9 @@ class AdaptiveScheduler(Scheduler):
             ))
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        # Private, and no public hook serves: it is the one place every request leaves
+        # (finished, aborted, stopped); finish_requests misses requests that end by length or
+        # stop string. Probed at start-up (touchpoints.py).
         if self.runtime is not None:
             self.runtime.finish(request.request_id)
         return super()._free_request(request, *args, **kwargs)
