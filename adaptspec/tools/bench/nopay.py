@@ -176,11 +176,15 @@ def _class_delta(cells: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 def run_repeat(configs: list[Config], model: str, rendered: dict[str, str],
                main: list[workload.Request], lc: list[workload.Request],
                warmup: list[workload.Request], policy: Path, log_dir: Path, repeat: int,
-               concurrency: int, eager: bool = True) -> dict[str, dict[str, Any]]:
+               concurrency: int, eager: bool = True, slice_requests: int | None = None
+               ) -> dict[str, dict[str, Any]]:
     """One repeat: a fresh server per configuration, all up at once, and the stream run in
-    slices of `concurrency` requests, each slice on every server in turn (the order rotating
-    from slice to slice). A shared machine's speed drifts over minutes; interleaving puts the
-    same drift on every configuration, so their ratio moves far less than their throughput."""
+    slices of `slice_requests` requests (default: `concurrency`) by `concurrency` closed-loop
+    clients, each slice on every server in turn (the order rotating from slice to slice). A
+    shared machine's speed drifts over minutes; interleaving puts the same drift on every
+    configuration, so their ratio moves far less than their throughput. A slice lasts until its
+    slowest request ends: with one request per client, speculation's gain on the others is not
+    seen and its cost is; longer slices (more requests per client) see more of the gain."""
     log_dir.mkdir(parents=True, exist_ok=True)
     servers = {c.name: _start(c, model, policy, log_dir / f"{c.name}-{repeat}.log",
                               concurrency, eager) for c in configs}
@@ -189,7 +193,8 @@ def run_repeat(configs: list[Config], model: str, rendered: dict[str, str],
         start_s = {n: s.wait_ready() for n, s in servers.items()}
         for name, server in servers.items():
             run_cell(server, warmup, rendered, 2, f"{name} warm-up")
-        slices = [main[i:i + concurrency] for i in range(0, len(main), concurrency)]
+        size = slice_requests or concurrency
+        slices = [main[i:i + size] for i in range(0, len(main), size)]
         for j, reqs in enumerate(slices):
             names = [c.name for c in configs]
             shift = (j + repeat) % len(names)
@@ -315,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
             res = run_repeat(group, model, rendered, main, lc, warmup,
                              Path(args.policy or DEFAULT_POLICY).resolve(),
                              out_dir / "logs" / f"g{g}", i, args.concurrency,
-                             eager=not args.compiled)
+                             eager=not args.compiled, slice_requests=args.slice_requests)
             if g == 0:
                 rep.update(res)
                 continue
@@ -330,6 +335,7 @@ def run(args: argparse.Namespace) -> int:
     errors = [e for rep in repeats for r in rep.values() for e in r["errors"]]
     result = {"model": model, "policy": str(args.policy or DEFAULT_POLICY),
               "eager": not args.compiled, "concurrency": args.concurrency,
+              "slice_requests": args.slice_requests or args.concurrency,
               "requests": args.requests, "lc_requests": args.lc_requests,
               "max_tokens": args.max_tokens, "lc_tokens": args.lc_tokens,
               "total_s": time.monotonic() - t_all, "verdict": verdict,
@@ -351,6 +357,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--requests", type=int, default=24)
+    ap.add_argument("--slice-requests", type=int, default=None,
+                    help="requests per interleaved slice (default: --concurrency)")
     ap.add_argument("--lc-requests", type=int, default=6,
                     help="latency-critical requests, one per slice of the main stream")
     ap.add_argument("--max-tokens", type=int, default=64)
