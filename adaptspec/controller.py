@@ -21,7 +21,7 @@ from adaptspec import fastpath
 from adaptspec.acceptance import AcceptanceEstimator, RequestAcceptance, learn
 from adaptspec.cost import StepCostModel
 from adaptspec.fastpath import BINS
-from adaptspec.policy import OTHER_CLASS, ClassPolicy, Policy
+from adaptspec.policy import OTHER_CLASS, Policy
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,8 @@ class Controller:
         self.estimator = AcceptanceEstimator(n_cls, self.k_max, policy.forgetting)
         self.estimator.active = 0  # grows as classes are registered
         for name in policy.classes:
-            self._register_class(name, policy.classes[name])
-        self._other = self._register_class(OTHER_CLASS, policy.classes[policy.default_class])
+            self._register_class(name, name)
+        self._other = self._register_class(OTHER_CLASS, policy.default_class)
 
         cap = policy.max_requests
         self.requests = RequestAcceptance(cap, policy.request_forgetting, policy.request_shrinkage)
@@ -82,25 +82,24 @@ class Controller:
 
     # ------------------------------------------------------------------ classes and requests
 
-    def _register_class(self, name: str, cfg: ClassPolicy) -> int:
+    def _register_class(self, name: str, settings: str) -> int:
+        """A class named `name` with the settings of the policy's class `settings`."""
         idx = len(self.class_names)
         self.class_names.append(name)
         self._class_index[name] = idx
         self.estimator.active = len(self.class_names)
-        self._configure_class(idx, cfg)
+        self._configure_class(idx, settings)
         return idx
 
-    def _configure_class(self, idx: int, cfg: ClassPolicy) -> None:
+    def _configure_class(self, idx: int, settings: str) -> None:
         p = self.policy
-        k_max = 0 if cfg.latency_critical else (p.k_max if cfg.k_max is None else cfg.k_max)
+        cfg = p.classes[settings]
+        k_max = p.class_k_max(settings)
         self.cls_k_max[idx] = k_max
         self.cls_k_min[idx] = min(cfg.k_min, k_max)
         self.cls_kind[idx] = 2 if cfg.latency_critical else 1
         self.cls_slo_ms[idx] = cfg.itl_slo_ms if cfg.itl_slo_ms else np.inf
-        p_acc = cfg.prior_acceptance
-        vec = p_acc if isinstance(p_acc, list) else [p_acc]
-        prior = [vec[min(i, len(vec) - 1)] for i in range(self.estimator.k_max)]
-        self.estimator.set_prior(idx, prior, cfg.prior_strength)
+        self.estimator.set_prior(idx, p.prior_vector(settings), cfg.prior_strength)
 
     def class_index(self, name: str) -> int:
         """Index of a class; unknown names become dynamic classes (if the policy allows) up to
@@ -111,16 +110,15 @@ class Controller:
         p = self.policy
         if not p.dynamic_classes:
             return self._class_index[p.default_class]
-        cfg = p.classes[p.default_class]
         if len(self.class_names) < len(self.cls_k_max):
-            idx = self._register_class(name, cfg)
+            idx = self._register_class(name, p.default_class)
         elif victims := self._idle_dynamic_classes():
             victim = min(victims, key=lambda n: self._class_last_used[self._class_index[n]])
             idx = self._class_index.pop(victim)
             self._dynamic.discard(victim)
             self.class_names[idx] = name
             self._class_index[name] = idx
-            self._configure_class(idx, cfg)
+            self._configure_class(idx, p.default_class)
         else:
             return self._other
         self._dynamic.add(name)

@@ -81,13 +81,13 @@ def feedback(ev: np.ndarray, n_classes: int, kk: int, decay: float, cls: np.ndar
             credit[cls[i], j] += 1.0
         if a < d:
             credit[cls[i], kk + a] += 1.0
-        s0 = records[0, slots[i]]
-        n0 = records[1, slots[i]]
+        s_i = records[0, slots[i]]
+        n_i = records[1, slots[i]]
         if d > 0:
-            s0 *= req_decay
-            n0 *= req_decay
-        sn[0, i] = s0 + a
-        sn[1, i] = n0 + (a + (1 if a < d else 0))
+            s_i *= req_decay
+            n_i *= req_decay
+        sn[0, i] = s_i + a
+        sn[1, i] = n_i + (a + (1 if a < d else 0))
     for c in range(n_classes):
         for j in range(2 * kk):
             ev[c, j] += credit[c, j]
@@ -103,8 +103,8 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
            cls: np.ndarray, explore: np.ndarray, z: np.ndarray, coef: np.ndarray, knee: float,
            slack: float, hyst_steps: int, prev_k: np.ndarray, votes: np.ndarray,
            slots: np.ndarray) -> tuple:
-    """K per request for the next step (step_reference.decide documents the arguments);
-    updates the hysteresis state prev_k and votes (per slot) when hyst_steps > 1.
+    """K per request for a batch of at least one (step_reference.decide documents the
+    arguments); updates the hysteresis state prev_k and votes (per slot) when hyst_steps > 1.
 
     Returns (ks, kinds, the increments [kk, n], the threshold bin, the plan's predicted ms)."""
     kk = post.shape[0] // 2 - 1
@@ -142,35 +142,40 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
             inc[j, i] = prev
         if drawn:
             r += 1
-    # Bins (0: a position the controller may not choose), their counts and values in the
-    # order of the positions, then of the requests; the forced positions' value apart.
-    counts = np.zeros(BINS + 1)
-    values = np.zeros(BINS + 1)
-    col_best = np.zeros(kk, dtype=np.int64)
-    q = np.zeros((kk, n), dtype=np.int64)
-    forced_gain = 0.0
-    scale = float(BINS - 1)
-    for j in range(kk):
-        for i in range(n):
-            c = cls[i]
-            if j < cls_k_min[c]:
-                forced_gain += inc[j, i]
-            elif j < cls_k_max[c]:
-                b = np.int64(np.sqrt(inc[j, i]) * scale) + 1
-                q[j, i] = b
-                counts[b] += 1.0
-                values[b] += inc[j, i]
-                col_best[j] = max(col_best[j], b)
-    k_min_max = 0
+    # Per request, from its class: the forced drafts and the longest draft; the batch's limits.
+    lo = np.empty(n, dtype=np.int64)
+    hi = np.empty(n, dtype=np.int64)
     n_forced = 0
     any_critical = False
     slo = np.inf
     for i in range(n):
         c = cls[i]
-        k_min_max = max(k_min_max, cls_k_min[c])
-        n_forced += cls_k_min[c]
+        lo[i], hi[i] = cls_k_min[c], cls_k_max[c]
+        n_forced += lo[i]
         any_critical = any_critical or cls_kind[c] > 1
         slo = min(slo, cls_slo_ms[c])
+    k_min_max = lo.max()
+    # Bins (0: a position the controller may not choose, never drafted by a plan), then, in
+    # the order of the positions, then of the requests, their counts and values, and the
+    # forced positions' value apart.
+    q = np.empty((kk, n), dtype=np.int64)
+    scale = float(BINS - 1)
+    for j in range(kk):
+        for i in range(n):
+            b = np.int64(np.sqrt(inc[j, i]) * scale) + 1
+            q[j, i] = b if lo[i] <= j < hi[i] else 0
+    counts = np.zeros(BINS + 1)
+    values = np.zeros(BINS + 1)
+    col_best = np.zeros(kk, dtype=np.int64)
+    forced_gain = 0.0
+    for j in range(kk):
+        for i in range(n):
+            b = q[j, i]
+            counts[b] += 1.0
+            values[b] += inc[j, i]
+            col_best[j] = max(col_best[j], b)
+            if j < lo[i]:
+                forced_gain += inc[j, i]
     # Plan t drafts every open position whose bin is at least BINS + 1 - t (plan 0: only the
     # forced ones).
     t_ms = np.empty(BINS + 1)
@@ -205,7 +210,7 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
     held = hyst_steps > 1
     state = np.empty((2, n), dtype=np.int64)
     for i in range(n):
-        k = cls_k_min[cls[i]]
+        k = lo[i]
         wanted = k
         for j in range(kk):
             k += 1 if q[j, i] >= BINS + 1 - best else 0
