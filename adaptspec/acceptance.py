@@ -74,14 +74,13 @@ class RequestAcceptance:
 
     A request's estimate is (s + n0 * m_class) / (n + n0): with few observations it is its
     class's level, and its own rate takes over as evidence accumulates (n0 = shrinkage).
-    `s` and `n` (per slot) are views of the two rows of `sn`.
+    `sn` [2, capacity]: s and n per slot.
     """
 
     def __init__(self, capacity: int, forgetting: float = 0.9, shrinkage: float = 6.0) -> None:
         self.forgetting = forgetting
         self.shrinkage = shrinkage
         self.sn = np.zeros((2, capacity))
-        self.s, self.n = self.sn
 
     def reset(self, slot: int) -> None:
         self.sn[:, slot] = 0.0

@@ -295,10 +295,6 @@ class Controller:
 
     # ------------------------------------------------------------------ introspection
 
-    def acceptance_estimate(self, name: str) -> np.ndarray:
-        """Posterior mean per-position acceptance of a class."""
-        return self.estimator.mean()[self._class_index[name]].copy()
-
     def summary(self) -> dict[str, Any]:
         means = self.estimator.mean()
         return {

@@ -67,12 +67,6 @@ class StepCostModel:
         x_ref[5] = max(float(x_ref[5]), 16.0)
         self._prior_prec = np.diag(cfg.prior_weight * np.maximum(x_ref / y_ref, 1e-6) ** 2)
 
-    def predict(self, batch: float, spec_tokens: np.ndarray | float,
-                max_k: np.ndarray | float) -> np.ndarray:
-        """Predicted step time (ms) of plans with `batch` requests, vectorised over plans."""
-        return step_time(self.coef, batch, np.asarray(spec_tokens, dtype=float),
-                         np.asarray(max_k, dtype=float), self.knee)
-
     def partial_fit(self, batch: int, spec_tokens: int, max_k: int, step_ms: float) -> None:
         if not self.learn or not math.isfinite(step_ms) or step_ms <= 0:
             return
