@@ -239,7 +239,7 @@ class Controller:
                 z = self.rng.standard_normal((m, kk))
         ks, kinds, inc, threshold, self.last_predicted_ms = fastpath.decide(
             self.estimator.posterior_sums(), self.cls_k_min, self.cls_k_max, self.cls_kind,
-            self.cls_slo_ms, p.request_shrinkage, sn, cls, explore, z, self.cost.coef,
+            self.cls_slo_ms, self.requests.shrinkage, sn, cls, explore, z, self.cost.coef,
             self.cost.knee, p.latency_critical_slack, p.hysteresis_steps, self.req_prev_k,
             self.req_votes, slots)
         self._last_cut = (slots, self.cls_k_min[cls], inc, threshold)
