@@ -227,7 +227,7 @@ class Controller:
             self.cost.partial_fit(n, spec_tokens, longest, self.last_step_ms)
 
         p, kk = self.policy, self.k_max
-        if kk == 0 or not self.cls_k_max[cls].any():  # no request may draft
+        if kk == 0 or not np.count_nonzero(self.cls_k_max[cls]):  # no request may draft
             return np.zeros(n, dtype=np.int64), self.cls_kind[cls]
         explore, z = _NOBODY, _NO_DRAWS
         if p.exploration > 0:
@@ -242,7 +242,7 @@ class Controller:
             self.cls_slo_ms, self.requests.shrinkage, sn, cls, explore, z, self.cost.coef,
             self.cost.knee, p.latency_critical_slack, p.hysteresis_steps, self.req_prev_k,
             self.req_votes, slots)
-        self._last_cut = (slots, self.cls_k_min[cls], inc, threshold)
+        self._last_cut = (slots, cls, inc, threshold)
         return ks, kinds
 
     def cut(self, slots: np.ndarray, lengths: np.ndarray, confidence: np.ndarray) -> np.ndarray:
@@ -263,7 +263,8 @@ class Controller:
         state = self._last_cut
         if state is None or w <= 0 or slots.size == 0:
             return lengths.copy()
-        last_slots, k_min, inc, threshold = state
+        last_slots, last_cls, inc, threshold = state
+        k_min = self.cls_k_min[last_cls]
         if threshold > BINS:
             return np.minimum(lengths, k_min.max())
         col_of = {int(s): i for i, s in enumerate(last_slots.tolist())}
