@@ -5,7 +5,7 @@ Features of a step with B requests, S draft tokens in all and longest draft maxK
 over the whole batch: vLLM drafts the longest K for every request and cuts afterwards. Below the
 knee the extra verify tokens are almost free (a memory-bound GPU); above it every token costs
 (compute-bound, or a CPU from the first token). The policy's prior curve is the starting point
-and is worth `prior_weight` steps.
+and is worth `prior_weight` steps. Predicted time is coef . features (`step_time`).
 """
 
 from __future__ import annotations
@@ -14,22 +14,11 @@ import math
 
 import numpy as np
 
+# (the formula is defined in fastpath, beside the kernels that compile it)
+from adaptspec.fastpath import N_FEATURES, features, step_time
 from adaptspec.policy import CostModel
 
-N_FEATURES = 7
-# (0-d arrays: a ufunc converts a Python scalar operand anew at every call)
-_ZERO, _ONE = np.array(0.0), np.array(1.0)
-
-
-def features(batch: np.ndarray | float, spec_tokens: np.ndarray | float,
-             max_k: np.ndarray | float, knee: float) -> np.ndarray:
-    """Feature matrix [n, 7] for vectors of candidate plans (or one plan as scalars)."""
-    b = np.asarray(batch, dtype=float)
-    s = np.asarray(spec_tokens, dtype=float)
-    b, s, m = np.broadcast_arrays(b, s, np.asarray(max_k, dtype=float))
-    return np.stack(
-        [np.ones_like(b), b, s, m, (s > 0).astype(float), np.maximum(0.0, b + s - knee), b * m],
-        axis=-1)
+__all__ = ["N_FEATURES", "StepCostModel", "features", "step_time"]
 
 
 class StepCostModel:
@@ -69,7 +58,7 @@ class StepCostModel:
         # The prior is a penalty on each coefficient's distance from the prior curve, scaled
         # so that it weighs as much as `prior_weight` steps of a typical plan would.
         # (Pseudo-observations at extreme plans would fight real data where it never reaches.)
-        x_ref = features(8, 16, 4, self.knee)
+        x_ref = np.array(features(8.0, 16.0, 4.0, self.knee))
         y_ref = max(float(x_ref @ self.prior_coef), 1e-6)
         # A reference plan below the knee has a hinge of 0, and the prior would say nothing about
         # the cost over the knee: a few noisy steps there would set it alone, and a controller
@@ -77,64 +66,6 @@ class StepCostModel:
         # weighs as if the reference plan's drafts were all over the knee.
         x_ref[5] = max(float(x_ref[5]), 16.0)
         self._prior_prec = np.diag(cfg.prior_weight * np.maximum(x_ref / y_ref, 1e-6) ** 2)
-
-    @property
-    def coef(self) -> np.ndarray:
-        """Coefficients (ms per feature). Assign a new array to change them, never write into
-        this one: what the per-step path needs of them is derived once per assignment."""
-        return self._coef
-
-    @coef.setter
-    def coef(self, value: np.ndarray) -> None:
-        self._coef = value
-        c = value.tolist()
-        self._coef_list = c
-        self.nonnegative = min(c) >= 0
-        # Times are then at least c[0] (every feature is >= 0), so `plan_times` needs no floor
-        # before a caller divides by it.
-        self.floor_free = self.nonnegative and c[0] >= 1e-9
-        # A feature whose coefficient is 0 adds nothing to a plan's time (0 * x = 0 whatever
-        # finite x): `plan_times` does not write S > 0 or the hinge then, and callers need not
-        # write maxK (the presets' per-draft-position and per-request-pass costs are 0).
-        self.uses_max_k = c[3] != 0.0 or c[6] != 0.0
-        self._uses_on, self._uses_knee, self._uses_passes = c[4] != 0.0, c[5] != 0.0, c[6] != 0.0
-
-    def predict(self, batch: float, spec_tokens: np.ndarray | float,
-                max_k: np.ndarray | float) -> np.ndarray:
-        """Predicted step time (ms) of plans with `batch` requests, vectorised over plans."""
-        c0, c_b, c_s, c_m, c_on, c_knee, c_pass = self._coef_list
-        s = np.asarray(spec_tokens, dtype=float)
-        t = (c0 + c_b * batch) + c_s * s + (c_m + c_pass * batch) * np.asarray(max_k, dtype=float)
-        t += c_on * (s > 0)
-        if c_knee > 0:
-            t += c_knee * np.maximum(0.0, (batch - self.knee) + s)
-        return t
-
-    def plan_buffer(self, n_plans: int) -> np.ndarray:
-        """A feature buffer [N_FEATURES, n_plans] for `plan_times` (row 0 filled with ones)."""
-        feats = np.zeros((N_FEATURES, n_plans))
-        feats[0] = 1.0
-        return feats
-
-    def plan_times(self, batch: int, feats: np.ndarray) -> np.ndarray:
-        """`predict` for the controller's ~130 candidate plans of one batch, in 2-4 numpy calls
-        instead of 8 (each costs a microsecond or two whatever its size): `feats` is a
-        plan_buffer whose rows 2 (S, token counts) and 3 (maxK, unless `uses_max_k` is false)
-        the caller has written; this writes B, S > 0, the hinge and B * maxK, skipping those
-        whose coefficient is 0, and returns coef @ feats.
-        """
-        if feats[1, 0] != batch:
-            feats[1] = batch
-        # (positional out: a ufunc parses an out= keyword slower than the work on ~130 plans)
-        if self._uses_on:
-            np.minimum(feats[2], _ONE, feats[4])  # S > 0 for counts, without a bool cast
-        if self._uses_knee:
-            np.add(feats[2], batch - self.knee, feats[5])
-            if batch < self.knee:  # else B + S - knee >= 0 already (S >= 0)
-                np.maximum(feats[5], _ZERO, feats[5])
-        if self._uses_passes:
-            np.multiply(feats[3], float(batch), feats[6])
-        return np.dot(self._coef, feats)
 
     def partial_fit(self, batch: int, spec_tokens: int, max_k: int, step_ms: float) -> None:
         if not self.learn or not math.isfinite(step_ms) or step_ms <= 0:
@@ -149,8 +80,7 @@ class StepCostModel:
         first = self.n_updates - len(self._pending)
         for k, (batch, spec_tokens, max_k, step_ms) in enumerate(self._pending):
             i = (first + k) % len(self._y)
-            self._x[i] = (1.0, batch, spec_tokens, max_k, float(spec_tokens > 0),
-                          max(0.0, batch + spec_tokens - self.knee), batch * max_k)
+            self._x[i] = features(batch, spec_tokens, max_k, self.knee)
             self._y[i] = step_ms
         self._pending.clear()
         n = min(self.n_updates, len(self._y))

@@ -289,6 +289,19 @@ class Policy(_Strict):
             raise ValueError(f"fallback_k ({self.fallback_k}) exceeds k_max ({self.k_max})")
         return self
 
+    def class_k_max(self, name: str) -> int:
+        """The most drafts a class may get (0 for a latency-critical one)."""
+        c = self.classes[name]
+        if c.latency_critical:
+            return 0
+        return self.k_max if c.k_max is None else c.k_max
+
+    def prior_vector(self, name: str) -> list[float]:
+        """Prior per-position acceptance for positions 0..k_max-1."""
+        p = self.classes[name].prior_acceptance
+        values = p if isinstance(p, list) else [p]
+        return [values[min(i, len(values) - 1)] for i in range(max(self.k_max, 1))]
+
 
 # ---------------------------------------------------------------------------------------------
 # Loading

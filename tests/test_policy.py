@@ -27,6 +27,7 @@ def test_default_policy_has_required_classes() -> None:
     p = load_policy(ROOT / "policies" / "default.yaml")
     assert {"code", "chat", "creative", "interactive"} <= set(p.classes)
     assert p.classes["interactive"].latency_critical
+    assert p.class_k_max("interactive") == 0
 
 
 def _write(tmp_path: Path, text: str) -> Path:

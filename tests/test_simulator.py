@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adaptspec.cost import StepCostModel
+from adaptspec.cost import StepCostModel, step_time
 from adaptspec.policy import CostModel, Policy, load_policy
 from adaptspec.tools.simulator import (
     LOADS,
@@ -133,7 +133,8 @@ def test_engine_time_is_the_cost_model_formula() -> None:
         prior = StepCostModel(cfg)
         spec = np.array([0, 1, 16, 300])
         np.testing.assert_allclose(step_ms(cfg, 64, spec, np.minimum(spec, 8)),
-                                   prior.predict(64, spec, np.minimum(spec, 8)))
+                                   step_time(prior.coef, 64, spec * 1.0, np.minimum(spec, 8) * 1.0,
+                                             prior.knee))
 
 
 def test_unknown_workload_is_refused(policy: Policy) -> None:

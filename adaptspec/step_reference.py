@@ -1,0 +1,115 @@
+"""The controller's per-step maths in plain numpy, to be read first.
+
+adaptspec/fastpath.py computes the same in two compiled kernels, which are what runs in
+production; tests/test_fastpath.py checks them against these functions bit for bit on random
+batches and policies. So sums here run in the kernels' order (np.add.accumulate, not np.sum,
+which pairs terms), and nothing in the package calls this module.
+
+The decision: request i with K_i drafts emits 1 + sum_{j<K_i} prod_{l<=j} alpha_il tokens in
+expectation. Each extra draft token is an increment prod_{l<=j} alpha_il, and these shrink
+along j, so for any total S of draft tokens the best plan takes the S largest increments
+across the batch. Binning the increments turns "the S largest" into "every increment in a bin
+at or above a threshold", and scoring every threshold's plan by (B + its increments) / its
+predicted step time gives the best plan that the latency limits allow.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from adaptspec.fastpath import ALPHA_CAP, BINS, step_time
+
+
+def feedback(ev: np.ndarray, kk: int, decay: float, cls: np.ndarray, records: np.ndarray,
+             slots: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
+             req_decay: float) -> tuple[np.ndarray, int, int]:
+    """fastpath.feedback (which says what), ev being the active classes' rows."""
+    d = np.clip(drafted, 0, kk)
+    a = np.clip(accepted, 0, d)
+    pos = np.arange(kk)
+    succ = pos < a[:, None]  # a verification that accepted a drafts: positions < a succeeded
+    fail = (pos == a[:, None]) & (a < d)[:, None]  # and, if a < d, position a failed
+    credit = np.zeros((ev.shape[0], 2 * kk))
+    np.add.at(credit, cls, np.hstack([succ, fail]))
+    ev[:, : 2 * kk] *= decay
+    ev[:, : 2 * kk] += credit
+    sn = records[:, slots]
+    sn[:, d > 0] *= req_decay
+    sn += [a, a + (a < d)]
+    records[:, slots] = sn
+    return sn, int(drafted.sum()), max(int(drafted.max(initial=0)), 0)
+
+
+def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
+           cls_kind: np.ndarray, cls_slo_ms: np.ndarray, n0: float, sn: np.ndarray,
+           cls: np.ndarray, explore: np.ndarray, z: np.ndarray, coef: np.ndarray, knee: float,
+           slack: float, hyst_steps: int, prev_k: np.ndarray, votes: np.ndarray,
+           slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, float]:
+    """K per request for the next step.
+
+    post [2 kk + 2, classes]: AcceptanceEstimator.posterior_sums. Per class: cls_k_min (drafts
+    forced), cls_k_max (0: may not draft), cls_kind (the decision kind when not drafting: 1
+    plain, 2 latency-critical), cls_slo_ms (ITL SLO, inf for none). n0: request_shrinkage.
+    Per request: sn [2, n] its record (s, n), cls its class, slots its slot; explore: whose
+    acceptance is drawn this step (empty: nobody's), z [their count, kk]: standard normals.
+    coef, knee: the step-time model; slack: latency_critical_slack. Hysteresis (hyst_steps >
+    1): prev_k and votes per slot, updated in place.
+
+    Returns (K, the decision kinds (0: speculate), the increments [kk, n], the threshold bin,
+    the plan's predicted step time in ms).
+    """
+    kk, n = post.shape[0] // 2 - 1, len(cls)
+    # Per class: posterior mean acceptance per position and its spread (normal approximation
+    # of the Beta), 0 where the class may not draft.
+    may = (cls_k_max[: post.shape[1]] > 0) * 1.0
+    mean = post[:kk] / post[kk: 2 * kk] * may
+    sd = np.sqrt((1.0 - mean) * mean / (post[kk: 2 * kk] + 1.0))
+    level = np.maximum(post[2 * kk] / post[2 * kk + 1], 1e-3)  # pooled over positions
+    # A request's acceptance is its class's times f = own / level, own = (s + n0 level) / (n
+    # + n0): its own record, shrunk toward its class's level.
+    f = (sn[0] * (may / level)[cls] + (n0 * may)[cls]) / (sn[1] + n0)
+    alpha = mean[:, cls] * f
+    drawn = explore.nonzero()[0]  # Thompson draws replace these requests' estimates
+    alpha[:, drawn] = np.maximum(sd[:, cls[drawn]] * z.T + mean[:, cls[drawn]], 0.0)
+    inc = np.multiply.accumulate(np.minimum(alpha, ALPHA_CAP), axis=0)
+
+    # Bins even in sqrt(increment), fine near 0 where a memory-bound GPU still finds tokens
+    # worth drafting; bin 0 holds the positions the controller may not choose.
+    j = np.arange(kk)[:, None]
+    k_min, k_max = cls_k_min[cls], cls_k_max[cls]
+    forced = j < k_min
+    q = np.where((j >= k_min) & (j < k_max), (np.sqrt(inc) * (BINS - 1)).astype(np.int64) + 1, 0)
+    counts = np.bincount(q.ravel(), minlength=BINS + 1)
+    values = np.bincount(q.ravel(), inc.ravel(), BINS + 1)
+    forced_gain = np.add.accumulate(np.append(0.0, inc[forced]))[-1]
+
+    # Plan t drafts the forced positions and every open one in a bin >= BINS + 1 - t.
+    threshold = BINS + 1 - np.arange(BINS + 1)
+    spec = np.add.accumulate(np.append(0.0, counts[:0:-1])) + k_min.sum()
+    value = np.add.accumulate(np.append(0.0, values[:0:-1]))
+    # The longest draft: a request's drafts above a threshold are a run from its k_min on.
+    reach = q.max(axis=1) >= threshold[:, None]
+    max_k = np.maximum((reach * np.arange(1, kk + 1)).max(axis=1), k_min.max())
+    t_ms = step_time(coef, n, spec, max_k.astype(float), knee)
+    goodput = (value + (n + forced_gain)) / np.maximum(t_ms, 1e-9)
+    best_free = int(goodput.argmax())
+    # A latency-critical request in the batch limits the step to plain decoding's time plus
+    # the slack; an SLO limits it to the SLO. The forced minimum is always allowed.
+    limit = t_ms[0] * (1.0 + slack) if (cls_kind[cls] > 1).any() else np.inf
+    allowed = t_ms <= min(limit, cls_slo_ms[cls].min())
+    allowed[0] = True
+    best = int(np.where(allowed, goodput, -np.inf).argmax())
+
+    ks = k_min + (q >= threshold[best]).sum(axis=0)
+    if hyst_steps > 1:
+        # K rises by one only after hyst_steps steps in a row asked for it (a jump of two is
+        # a real change; decreases apply at once), judged on the plan without the limits: a
+        # latency-critical request passing through is no change of mind.
+        wanted = k_min + (q >= threshold[best_free]).sum(axis=0)
+        p, v = prev_k[slots], votes[slots]
+        hold = (wanted - p == 1) & (v + 1 < hyst_steps)
+        prev_k[slots] = granted = np.where(hold, p, wanted)
+        votes[slots] = np.where(hold, v + 1, 0)
+        ks = np.minimum(ks, granted)
+    kinds = np.where(ks > 0, 0, cls_kind[cls])
+    return ks, kinds, inc, int(threshold[best]), float(t_ms[best])
