@@ -124,25 +124,8 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
             sd[j, c] = np.sqrt((1.0 - m) * m / (post[kk + j, c] + 1.0))
         u[c] = may / max(post[2 * kk, c] / post[2 * kk + 1, c], 1e-3)
         v[c] = n0 * may
-    # Increments: the running product along the draft of alpha, capped.
-    inc = np.empty((kk, n))
-    r = 0
-    for i in range(n):
-        c = cls[i]
-        f = (sn[0, i] * u[c] + v[c]) / (sn[1, i] + n0)
-        drawn = explore.shape[0] > 0 and explore[i]
-        prev = 1.0
-        for j in range(kk):
-            if drawn:
-                alpha = max(sd[j, c] * z[r, j] + mean[j, c], 0.0)
-            else:
-                alpha = mean[j, c] * f
-            alpha = min(alpha, ALPHA_CAP)
-            prev = prev * alpha if j > 0 else alpha
-            inc[j, i] = prev
-        if drawn:
-            r += 1
-    # Per request, from its class: the forced drafts and the longest draft; the batch's limits.
+    # Per request: its factor, the forced drafts and the longest draft; the batch's limits.
+    f = np.empty(n)
     lo = np.empty(n, dtype=np.int64)
     hi = np.empty(n, dtype=np.int64)
     n_forced = 0
@@ -150,11 +133,29 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
     slo = np.inf
     for i in range(n):
         c = cls[i]
+        f[i] = (sn[0, i] * u[c] + v[c]) / (sn[1, i] + n0)
         lo[i], hi[i] = cls_k_min[c], cls_k_max[c]
         n_forced += lo[i]
         any_critical = any_critical or cls_kind[c] > 1
         slo = min(slo, cls_slo_ms[c])
     k_min_max = lo.max()
+    # Increments: the running product along the draft of alpha, capped; position-major, so
+    # that the loops over the batch run along contiguous rows (LLVM vectorises them). Then the
+    # explored requests' increments again, from their draws.
+    inc = np.empty((kk, n))
+    for j in range(kk):
+        for i in range(n):
+            alpha = min(mean[j, cls[i]] * f[i], ALPHA_CAP)
+            inc[j, i] = inc[j - 1, i] * alpha if j > 0 else alpha
+    if explore.shape[0] > 0:
+        r = 0
+        for i in range(n):
+            if explore[i]:
+                c = cls[i]
+                for j in range(kk):
+                    alpha = min(max(sd[j, c] * z[r, j] + mean[j, c], 0.0), ALPHA_CAP)
+                    inc[j, i] = inc[j - 1, i] * alpha if j > 0 else alpha
+                r += 1
     # Bins (0: a position the controller may not choose, never drafted by a plan), then, in
     # the order of the positions, then of the requests, their counts and values, and the
     # forced positions' value apart.
@@ -163,7 +164,7 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
     for j in range(kk):
         for i in range(n):
             b = np.int64(np.sqrt(inc[j, i]) * scale) + 1
-            q[j, i] = b if lo[i] <= j < hi[i] else 0
+            q[j, i] = b * ((lo[i] <= j) & (j < hi[i]))  # (no branch: the loop vectorises)
     counts = np.zeros(BINS + 1)
     values = np.zeros(BINS + 1)
     col_best = np.zeros(kk, dtype=np.int64)
@@ -174,24 +175,30 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
             counts[b] += 1.0
             values[b] += inc[j, i]
             col_best[j] = max(col_best[j], b)
-            if j < lo[i]:
-                forced_gain += inc[j, i]
+    if n_forced > 0:
+        for j in range(k_min_max):
+            for i in range(n):
+                if j < lo[i]:
+                    forced_gain += inc[j, i]
+    # The longest draft of a plan: a request's drafts above a threshold are a run from its
+    # k_min on, so it is the last column whose best bin reaches the threshold.
+    longest = np.zeros(BINS + 1, dtype=np.int64)  # by bin
+    for j in range(kk):
+        longest[col_best[j]] = j + 1
     # Plan t drafts every open position whose bin is at least BINS + 1 - t (plan 0: only the
     # forced ones).
     t_ms = np.empty(BINS + 1)
     goodput = np.empty(BINS + 1)
     spec = 0.0
     value = 0.0
+    max_k = k_min_max
     best_free = 0
     for t in range(BINS + 1):
         threshold = BINS + 1 - t
         if t > 0:
             spec += counts[threshold]
             value += values[threshold]
-        max_k = k_min_max
-        for j in range(kk):
-            if col_best[j] >= threshold:
-                max_k = max(max_k, j + 1)
+            max_k = max(max_k, longest[threshold])
         t_ms[t] = step_time(coef, n, spec + n_forced, float(max_k), knee)
         goodput[t] = (value + (n + forced_gain)) / max(t_ms[t], 1e-9)
         if goodput[t] > goodput[best_free]:
@@ -205,29 +212,27 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
     # K per request at the chosen plan; hysteresis runs on the plan without the limits (a
     # latency-critical request passing through is no change of mind), and never grants more
     # than the chosen plan.
-    ks = np.empty(n, dtype=np.int64)
-    kinds = np.empty(n, dtype=np.int64)
-    held = hyst_steps > 1
-    state = np.empty((2, n), dtype=np.int64)
-    for i in range(n):
-        k = lo[i]
-        wanted = k
-        for j in range(kk):
-            k += 1 if q[j, i] >= BINS + 1 - best else 0
-            wanted += 1 if q[j, i] >= BINS + 1 - best_free else 0
-        if held:
+    ks = lo.copy()
+    wanted = lo.copy()
+    for j in range(kk):
+        for i in range(n):
+            ks[i] += 1 if q[j, i] >= BINS + 1 - best else 0
+            wanted[i] += 1 if q[j, i] >= BINS + 1 - best_free else 0
+    if hyst_steps > 1:
+        state = np.empty((2, n), dtype=np.int64)
+        for i in range(n):
             p, votes_i = prev_k[slots[i]], votes[slots[i]]
-            if wanted - p == 1 and votes_i + 1 < hyst_steps:
+            if wanted[i] - p == 1 and votes_i + 1 < hyst_steps:
                 votes_i += 1
             else:
-                p, votes_i = wanted, 0
+                p, votes_i = wanted[i], 0
             state[0, i], state[1, i] = p, votes_i
-            k = min(k, p)
-        ks[i] = k
-        kinds[i] = 0 if k > 0 else cls_kind[cls[i]]
-    if held:
+            ks[i] = min(ks[i], p)
         for i in range(n):  # (all read before any is written, should a slot come twice)
             prev_k[slots[i]], votes[slots[i]] = state[0, i], state[1, i]
+    kinds = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        kinds[i] = 0 if ks[i] > 0 else cls_kind[cls[i]]
     return ks, kinds, inc, BINS + 1 - best, t_ms[best]
 
 
