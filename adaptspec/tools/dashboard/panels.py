@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DEFAULT_OUT = Path(__file__).resolve().parents[3] / "examples" / "grafana"
+# Relative to where the command runs (the repository root, for the committed copies): an
+# installed package has no examples/ folder of its own.
+DEFAULT_OUT = Path("examples") / "grafana"
 DASHBOARD_FILES = {"overview": "adaptspec-overview.json", "class": "adaptspec-class.json"}
 DS = {"type": "prometheus", "uid": "${datasource}"}
 RATE = "$__rate_interval"
