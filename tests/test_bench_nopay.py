@@ -93,3 +93,12 @@ def test_a_later_groups_configuration_is_judged_against_its_own_reference() -> N
     assert v["vllm_ngram_k4"]["over_plain"]["median"] == pytest.approx(1.1)
     assert v["vllm_ngram_k4"]["lc_gap_over_plain"]["median"] == pytest.approx(240 / 250)
     assert v["vllm_ngram_k4"]["slices_over_none_sync"]["median"] == pytest.approx((1 + 0.8) / 2)
+
+
+def test_counters_moved_between_two_readings_flat_and_per_class() -> None:
+    before = {"vllm:x_total": 2.0, "code": {"drafted": 4.0}}
+    after = {"vllm:x_total": 7.0, "code": {"drafted": 10.0, "accepted": 3.0},
+             "math": {"drafted": 1.0}}
+    assert nopay._delta(after, before) == {"vllm:x_total": 5.0,
+                                           "code": {"drafted": 6.0, "accepted": 3.0},
+                                           "math": {"drafted": 1.0}}

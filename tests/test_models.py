@@ -197,14 +197,14 @@ def test_rope_theta_and_config_fix(tmp_path: Path) -> None:
 
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"model_type": "qwen2", "quantization_config": {"x": 1}}))
-    models._check_qwen_config(tmp_path)
+    models.qwen._check_qwen_config(tmp_path)
     fixed = json.loads(cfg.read_text())
     assert "quantization_config" not in fixed
     assert fixed["rope_parameters"] == {"rope_type": "default", "rope_theta": 1e6}
 
     good = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "a": 1}
     cfg.write_text(json.dumps(good))
-    models._check_qwen_config(tmp_path)
+    models.qwen._check_qwen_config(tmp_path)
     assert json.loads(cfg.read_text()) == good
 
 
@@ -215,16 +215,16 @@ def test_assemble_checks_sha256(tmp_path: Path) -> None:
         pkg = tmp_path / f"pkg_part{i}"
         (pkg / "data").mkdir(parents=True)
         (pkg / "data" / f"part{i:02d}.bin").write_bytes(blob)
-        parts.append(models._part_file(pkg, i))
+        parts.append(models.qwen._part_file(pkg, i))
     whole = b"".join(blobs)
     src = {"name": "fake", "sha256": hashlib.sha256(whole).hexdigest(), "bytes": len(whole)}
     out = tmp_path / "model.gguf"
-    models._assemble(parts, out, src, _quiet)
+    models.qwen._assemble(parts, out, src, _quiet)
     assert out.read_bytes() == whole
     with pytest.raises(RuntimeError, match="sha256"):
-        models._assemble(parts[::-1], out, src, _quiet)
+        models.qwen._assemble(parts[::-1], out, src, _quiet)
     with pytest.raises(RuntimeError, match="expected one"):
-        models._part_file(tmp_path, 9)
+        models.qwen._part_file(tmp_path, 9)
 
 
 def test_qwen_sources_are_pinned() -> None:

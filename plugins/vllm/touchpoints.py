@@ -94,11 +94,11 @@ def _has_field(cls: type, name: str) -> bool:
         init = c.__dict__.get("__init__")
         if init is not None:
             try:
-                if f"self.{name} =" in inspect.getsource(init) \
-                        or f"self.{name}:" in inspect.getsource(init):
-                    return True
+                source = inspect.getsource(init)
             except (OSError, TypeError):
                 continue
+            if f"self.{name} =" in source or f"self.{name}:" in source:
+                return True
     return False
 
 

@@ -154,23 +154,10 @@ def _run_slice(server: Server, reqs: list[workload.Request], lc: workload.Reques
     return cell
 
 
-def _counter_delta(cells: list[dict[str, Any]], before: str, after: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for c in cells:
-        for k, v in c[after].items():
-            out[k] = out.get(k, 0.0) + v - c[before].get(k, 0.0)
-    return out
-
-
-def _class_delta(cells: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {}
-    for c in cells:
-        a, b = c["class_after"], c["class_before"]
-        for cls in a:
-            d = out.setdefault(cls, {})
-            for k in a[cls]:
-                d[k] = d.get(k, 0.0) + a[cls][k] - b.get(cls, {}).get(k, 0.0)
-    return out
+def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """What counters moved between two readings (nested per class, as _class_counters gives)."""
+    return {k: _delta(v, before.get(k, {})) if isinstance(v, dict) else v - before.get(k, 0.0)
+            for k, v in after.items()}
 
 
 def run_repeat(configs: list[Config], model: str, rendered: dict[str, str],
@@ -207,7 +194,9 @@ def run_repeat(configs: list[Config], model: str, rendered: dict[str, str],
             s.stop()
     out = {}
     for name, cs in cells.items():
-        spec = _counter_delta(cs, "spec_before", "spec_after")
+        # A server serves nothing between its slices: its counters moved from the first
+        # slice's reading to the last one's by what the slices (and their LC requests) did.
+        spec = _delta(cs[-1]["spec_after"], cs[0]["spec_before"])
         tokens = sum(len(r["tokens"]) for c in cs for r in c["requests"])
         wall = sum(c["wall_s"] for c in cs)
         lc_reqs = [r for c in cs for r in c["lc_requests"]]
@@ -216,7 +205,7 @@ def run_repeat(configs: list[Config], model: str, rendered: dict[str, str],
             "tok_per_s": tokens / wall, "slice_wall_s": [c["wall_s"] for c in cs],
             "lc_median_gap_ms": median_gap_ms(lc_reqs),
             "errors": [e for c in cs for e in c["errors"]],
-            "adaptspec_counters": _class_delta(cs),
+            "adaptspec_counters": _delta(cs[-1]["class_after"], cs[0]["class_before"]),
             "vllm_draft_tokens": spec.get("vllm:spec_decode_num_draft_tokens_total", 0.0),
             "vllm_accepted_tokens": spec.get("vllm:spec_decode_num_accepted_tokens_total", 0.0),
             "requests": [r for c in cs for r in c["requests"]], "lc_requests": lc_reqs,

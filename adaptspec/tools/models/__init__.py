@@ -39,9 +39,6 @@ from adaptspec.tools.models.cache import (  # noqa: F401
 from adaptspec.tools.models.qwen import (  # noqa: F401
     QWEN_ROPE_THETA,
     QWEN_SOURCES,
-    _assemble,
-    _check_qwen_config,
-    _part_file,
     build_qwen,
     cached_qwen,
     rope_theta_of,
