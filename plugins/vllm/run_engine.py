@@ -53,7 +53,7 @@ def _params(b: dict[str, Any]) -> list[Any]:
 def _adaptspec_series() -> str:
     """This process's adaptspec_* series (an in-process engine core's), or its multiprocess
     folder's when PROMETHEUS_MULTIPROC_DIR is set, in the exposition format
-    (adaptspec.tools.demo.parse_metrics reads it)."""
+    (adaptspec.tools.promtext.parse_metrics reads it)."""
     from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
     reg = REGISTRY
@@ -167,7 +167,8 @@ class EngineRuns:
     """The caller's side: `python -m adaptspec_vllm.run_engine` in a subprocess, started at
     once, its output in `folder/label.log`. `results()` waits for it and gives each engine's
     result with its part of the log (`log`), its series parsed (`adaptspec`, see
-    adaptspec.tools.demo.parse_metrics) and its one batch's tokens (`tokens`) where it had one."""
+    adaptspec.tools.promtext.parse_metrics) and its one batch's tokens (`tokens`) where it had
+    one."""
 
     def __init__(self, folder: Path, label: str, engines: list[dict[str, Any]],
                  timeout: float = 900, env: dict[str, str] | None = None) -> None:
@@ -184,7 +185,7 @@ class EngineRuns:
         self._results: dict[str, dict[str, Any]] | None = None
 
     def results(self) -> dict[str, dict[str, Any]]:
-        from adaptspec.tools.demo import parse_metrics
+        from adaptspec.tools.promtext import parse_metrics
 
         if self._results is None:
             try:

