@@ -66,10 +66,12 @@ class Metrics:
             "because speculation had lost its budget (budget)", ["reason"], **kw)
         self.payoff_lost = Counter(
             "adaptspec_payoff_lost_ms",
-            "Time speculating steps took beyond plain decoding's for the same tokens", **kw)
+            "Time speculating steps took beyond plain decoding's for the same tokens (kept "
+            "whether or not the payoff guard gates)", **kw)
         self.payoff_saved = Counter(
             "adaptspec_payoff_saved_ms",
-            "Time speculating steps saved against plain decoding for the same tokens", **kw)
+            "Time speculating steps saved against plain decoding for the same tokens (kept "
+            "whether or not the payoff guard gates)", **kw)
         self.payoff_account = Gauge(
             "adaptspec_payoff_account_ms", "The payoff guard's account (speculation allowed "
             "while positive)", multiprocess_mode="mostrecent", **kw)
@@ -96,9 +98,11 @@ class Metrics:
     def record_error(self) -> None:
         self.errors.inc()
 
-    def record_payoff(self, held: str | None, loss_ms: float | None, account_ms: float) -> None:
+    def record_payoff(self, held: str | None, loss_ms: float | None,
+                      account_ms: float | None) -> None:
         """One step of the payoff guard: why it held the next step plain (None: it did not),
-        what the measured step lost (> 0) or saved (< 0), and its account after."""
+        what the measured step lost (> 0) or saved (< 0), and its account after (None: the
+        guard does not gate, its account means nothing)."""
         if held is not None:
             self.payoff_held.labels(held).inc()
         if loss_ms is not None:
@@ -106,7 +110,8 @@ class Metrics:
                 self.payoff_lost.inc(loss_ms)
             else:
                 self.payoff_saved.inc(-loss_ms)
-        self.payoff_account.set(account_ms)
+        if account_ms is not None:
+            self.payoff_account.set(account_ms)
 
     def record_confidence_cut(self, removed: dict[str, int]) -> None:
         """Draft tokens dropped per class name by Controller.cut."""

@@ -46,8 +46,11 @@ class AdaptiveRuntime:
         self.controller = Controller(policy, metrics=guarded, seed=seed)
         self.fallback_k = min(policy.fallback_k, self.k_cap)
         pay = policy.payoff
-        self.guard = PayoffGuard(pay.budget, pay.cap_steps, pay.refresh_steps) \
-            if pay.enabled else None
+        # The guard's account of what speculating steps lost or saved against plain decoding is
+        # kept (and exported) whether or not it gates: an operator sees what speculation does on
+        # this engine before turning the gate on. Off, it never holds a step.
+        self.guard = PayoffGuard(pay.budget, pay.cap_steps, pay.refresh_steps)
+        self.guard_gates = pay.enabled
         self.classes: dict[str, str] = {}
         self._k: dict[str, int] = {}
         self._last_snapshot = time.monotonic()
@@ -110,19 +113,24 @@ class AdaptiveRuntime:
                 accepted: Sequence[int], step_time_s: float | None) -> bool:
         """Feed the payoff guard this step; may the next one speculate?"""
         guard = self.guard
-        if guard is None:
-            return True
-        # This step speculated if it verified drafts or its proposer ran with K > 0 (the K
-        # decided last step): either costs time whatever was accepted.
-        speculated = any(drafted) or any(self._k.get(r, 0) for r in req_ids)
+        # Gating, a step speculated if it verified drafts or its proposer ran with K > 0 (the
+        # K decided last step): either costs time whatever was accepted. Not gating, the guard
+        # forces no plain steps to measure, so steps that only proposed are its plain samples
+        # (a model-free proposer's run costs well under 1% of a step; a draft model's passes in
+        # such steps are then not charged).
+        speculated = any(drafted) or (self.guard_gates
+                                      and any(self._k.get(r, 0) for r in req_ids))
         lc = any(self._latency_critical(c) for c in set(classes))
         loss = guard.observe(len(req_ids), speculated, int(sum(accepted)),
                              None if step_time_s is None else step_time_s * 1e3,
                              latency_critical=lc, slack=self.policy.latency_critical_slack)
-        allow = guard.allow(len(req_ids))
+        allow = guard.allow(len(req_ids)) if self.guard_gates else True
         if self.metrics is not None:
             try:
-                self.metrics.record_payoff(guard.last_hold, loss, guard.account_ms)
+                if self.guard_gates:
+                    self.metrics.record_payoff(guard.last_hold, loss, guard.account_ms)
+                else:
+                    self.metrics.record_payoff(None, loss, None)
             except Exception:
                 self._count_error()
                 log.exception("adaptspec: metrics failed; serving continues")

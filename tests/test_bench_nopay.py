@@ -102,3 +102,18 @@ def test_counters_moved_between_two_readings_flat_and_per_class() -> None:
     assert nopay._delta(after, before) == {"vllm:x_total": 5.0,
                                            "code": {"drafted": 6.0, "accepted": 3.0},
                                            "math": {"drafted": 1.0}}
+
+
+def test_the_engine_net_is_its_servers_saved_less_lost_over_wall_time() -> None:
+    def run(net_ms: float) -> dict:
+        return {**_run(10.0, 200.0), "wall_s": 100.0, "engine_net_saved_ms": net_ms}
+
+    repeats = [{"none": _run(10.0, 200.0), "none_sync": _run(10.0, 200.0),
+                "adaptspec": run(n)} for n in (-2000.0, 500.0, 1000.0)]
+    v = nopay.judge(repeats)
+    assert v["adaptspec"]["engine_net_over_wall"]["per_repeat"] == \
+        pytest.approx([-0.02, 0.005, 0.01])
+    assert v["adaptspec"]["engine_net_over_wall"]["median"] == pytest.approx(0.005)
+    assert "engine_net_over_wall" not in v["none"]
+    table = nopay.format_table(repeats, v)
+    assert "+0.50%" in table and "engine net" in table

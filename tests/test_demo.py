@@ -34,6 +34,8 @@ def _metrics(drafted: float, accepted: float, speculate: float, plain: float) ->
                                   (("class", "code"), ("decision", "plain")): plain,
                                   (("class", "interactive"), ("decision", "latency_critical")):
                                   10.0},
+        "adaptspec_payoff_saved_ms_total": {(): 1500.0},
+        "adaptspec_payoff_lost_ms_total": {(): 250.0},
     }
 
 
@@ -64,6 +66,7 @@ def test_summary_counts_identical_outputs_and_reads_the_controller() -> None:
                   "steps speculated", "2/3 NOT identical", "1.25x"):
         assert field in table
     assert s["explanation"].startswith("adaptspec was 1.25x plain decoding (code: 75% of steps")
+    assert "steps saved 1.5 s and lost 0.2 s" in s["explanation"]
 
 
 def test_explanation_says_when_adaptspec_was_slower_or_even() -> None:

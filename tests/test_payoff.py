@@ -265,3 +265,31 @@ def test_the_account_opens_full_so_a_draft_models_first_run_is_not_its_last() ->
     assert g.allow(1)  # the run's second decision
     g.observe(1, True, 3, 150.0)  # 3 accepted: 4 tokens in 150 ms, 250 ms gained
     assert g.allow(1) and g.account_ms > 0
+
+
+def test_the_account_is_kept_when_the_guard_does_not_gate() -> None:
+    """Off (the default), the guard holds nothing but still exports what speculating steps lost
+    or saved, from the steps that verified nothing as its plain reference."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from adaptspec.metrics import Metrics
+
+    reg = CollectorRegistry()
+    policy = Policy(classes={"code": ClassPolicy(prior_acceptance=0.9)}, default_class="code",
+                    exploration=0.0, hysteresis_steps=1, payoff=Payoff(enabled=False),
+                    cost_model=CostModel(
+                        base_ms=10, per_draft_token_ms=0.0, spec_overhead_ms=0.0, learn=False))
+    rt = AdaptiveRuntime(policy, k_cap=4, metrics=Metrics(policy.max_classes, policy.k_max,
+                                                          registry=reg))
+    rt.admit("a", RequestInfo())
+    assert rt.step(["a"], [0], [0], 0.1) == {"a": 4}  # no plain step measured: not held
+    rt.step(["a"], [0], [0], 0.1)  # proposed, verified nothing: a plain sample (100 ms)
+    rt.step(["a"], [4], [0], 0.2)  # all rejected, twice as long: 100 ms lost
+    rt.step(["a"], [4], [3], 0.2)  # 4 tokens in 200 ms against 400 ms: 200 ms saved
+    rt.step(["a"], [4], [0], 0.3)  # 200 ms lost, and still speculating
+    assert rt.step(["a"], [4], [0], 0.3) == {"a": 4}
+    text = generate_latest(reg).decode()
+    assert "adaptspec_payoff_lost_ms_total 500.0" in text
+    assert "adaptspec_payoff_saved_ms_total 200.0" in text
+    assert "adaptspec_payoff_held_steps_total{" not in text
+    assert "adaptspec_payoff_account_ms 0.0" in text  # never set: it means nothing here

@@ -142,6 +142,9 @@ def summarize(plain: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
                       "adaptspec": median_gap_ms(ours["lc_requests"])},
         "identical": sum(mine.get(k) == v for k, v in reference.items()),
         "compared": len(reference), "classes": classes,
+        # The server's own account of its speculating steps against its plain ones (ms).
+        "engine_saved_ms": _total(ours["metrics"], "adaptspec_payoff_saved_ms_total"),
+        "engine_lost_ms": _total(ours["metrics"], "adaptspec_payoff_lost_ms_total"),
         "payoff_held_budget_steps": sum(
             v for labels, v in ours["metrics"].get("adaptspec_payoff_held_steps_total", {})
             .items() if dict(labels).get("reason") == "budget"),
@@ -151,12 +154,20 @@ def summarize(plain: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _total(metrics: dict[str, Any], name: str) -> float:
+    return float(sum(metrics.get(name, {}).values()))
+
+
 def explain(s: dict[str, Any]) -> str:
     """One honest sentence from what was measured and what the controller did."""
     spec = {c: r for c, r in s["classes"].items() if r["drafted"]}
     did = "; ".join(f"{c}: {r['speculated_share']:.0%} of steps speculated, "
                     f"{r['accepted']:.0f} of {r['drafted']:.0f} draft tokens accepted"
                     for c, r in spec.items()) or "it drafted nothing"
+    if s.get("engine_saved_ms") or s.get("engine_lost_ms"):
+        did += (f". By the server's own step times its speculating steps saved "
+                f"{s['engine_saved_ms'] / 1000:.1f} s and lost {s['engine_lost_ms'] / 1000:.1f} s "
+                "against plain steps of the same batch size")
     if s["ratio"] >= 1 + NOISE:
         return f"adaptspec was {s['ratio']:.2f}x plain decoding ({did})."
     if s["ratio"] > 1 - NOISE:

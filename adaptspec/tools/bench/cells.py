@@ -98,7 +98,9 @@ def _k_histogram(m: dict[str, dict]) -> dict[str, dict[str, float]]:
 
 def _spec_counters(m: dict[str, dict]) -> dict[str, float]:
     keys = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
-            "vllm:spec_decode_num_accepted_tokens_total")
+            "vllm:spec_decode_num_accepted_tokens_total",
+            # adaptspec's in-engine account of its speculating steps against plain decoding
+            "adaptspec_payoff_lost_ms_total", "adaptspec_payoff_saved_ms_total")
     return {k: sum(m.get(k, {}).values()) for k in keys}
 
 

@@ -208,6 +208,11 @@ def run_repeat(configs: list[Config], model: str, rendered: dict[str, str],
             "adaptspec_counters": _delta(cs[-1]["class_after"], cs[0]["class_before"]),
             "vllm_draft_tokens": spec.get("vllm:spec_decode_num_draft_tokens_total", 0.0),
             "vllm_accepted_tokens": spec.get("vllm:spec_decode_num_accepted_tokens_total", 0.0),
+            # What its speculating steps saved (> 0) or lost against plain decoding's step time
+            # at the same batch size, by the server's own step timings: a paired measure
+            # within one server, far less noisy than wall time against another server.
+            "engine_net_saved_ms": spec.get("adaptspec_payoff_saved_ms_total", 0.0)
+            - spec.get("adaptspec_payoff_lost_ms_total", 0.0),
             "requests": [r for c in cs for r in c["requests"]], "lc_requests": lc_reqs,
         }
     return out
@@ -228,6 +233,9 @@ def judge(repeats: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
             d["lc_gap_over_plain"].append(r["lc_median_gap_ms"] / ref["lc_median_gap_ms"])
             d["over_none"].append(r["tok_per_s"] / rep["none"]["tok_per_s"])
             d["over_none_sync"].append(r["tok_per_s"] / sync["tok_per_s"])
+            if r.get("engine_net_saved_ms"):
+                d.setdefault("engine_net_over_wall", []).append(
+                    r["engine_net_saved_ms"] / 1000 / r["wall_s"])
     out: dict[str, Any] = {}
     for name, d in per.items():
         out[name] = {k: {"per_repeat": v, "median": statistics.median(v),
@@ -262,7 +270,7 @@ def check_greedy(repeats: list[dict[str, dict[str, Any]]]) -> list[str]:
 
 def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, Any]) -> str:
     lines = [f"{'config':<19}{'tok/s (per repeat)':>24}{'x plain med':>13}{'spread':>8}"
-             f"{'LC gap ms':>11}{'LC x plain':>12}{'drafts/acc':>12}"]
+             f"{'LC gap ms':>11}{'LC x plain':>12}{'drafts/acc':>12}{'engine net':>12}"]
     for name in repeats[0]:
         v = verdict[name]
         tps = " ".join(f"{rep[name]['tok_per_s']:.2f}" for rep in repeats)
@@ -271,7 +279,11 @@ def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, An
         acc = statistics.median(rep[name]["vllm_accepted_tokens"] for rep in repeats)
         lines.append(f"{name:<19}{tps:>24}{v['over_plain']['median']:>13.3f}"
                      f"{v['over_plain']['spread']:>8.3f}{gap:>11.1f}"
-                     f"{v['lc_gap_over_plain']['median']:>12.3f}{f'{drafts:.0f}/{acc:.0f}':>12}")
+                     f"{v['lc_gap_over_plain']['median']:>12.3f}{f'{drafts:.0f}/{acc:.0f}':>12}"
+                     + (f"{v['engine_net_over_wall']['median']:>+12.2%}"
+                        if "engine_net_over_wall" in v else f"{'-':>12}"))
+    lines.append("engine net: time adaptspec's speculating steps saved (+) or lost (-) against "
+                 "plain steps of the same batch size on the same server, over its wall time")
     if "goal_met" in verdict:
         lines.append(f"goal (adaptspec >= 0.99x the faster plain, LC gap within 5%): "
                      f"{'met' if verdict['goal_met'] else 'NOT met'}")
