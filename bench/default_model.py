@@ -70,7 +70,7 @@ def main() -> None:
     if model is None:
         from adaptspec.tools.models import build_qwen
 
-        model = build_qwen()["draft"]
+        model = build_qwen(roles=("draft",))["draft"]
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)

@@ -295,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
     if model is None:
         from adaptspec.tools.models import build_qwen
 
-        model = str(build_qwen()["draft"])
+        model = str(build_qwen(roles=("draft",))["draft"])
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
