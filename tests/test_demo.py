@@ -65,19 +65,24 @@ def test_summary_counts_identical_outputs_and_reads_the_controller() -> None:
     for field in ("tokens/s", "latency-critical median ITL", "mean K", "acceptance",
                   "steps speculated", "2/3 NOT identical", "1.25x"):
         assert field in table
-    assert s["explanation"].startswith("adaptspec was 1.25x plain decoding (code: 75% of steps")
-    assert "steps saved 1.5 s and lost 0.2 s" in s["explanation"]
+    assert s["explanation"].startswith("adaptspec was 1.25x plain decoding (code: 30 of 40 draft")
+    assert "steps with drafts saved 1.5 s and lost 0.2 s" in s["explanation"]
 
 
 def test_explanation_says_when_adaptspec_was_slower_or_even() -> None:
     base = {"classes": {"code": {"drafted": 10.0, "accepted": 2.0, "speculated_share": 0.3}},
-            "payoff_held_budget_steps": 0.0}
-    assert explain({**base, "ratio": 0.9}).startswith("adaptspec was slower here (0.90x)")
+            "payoff_held_budget_steps": 0.0, "engine_saved_ms": 500.0, "engine_lost_ms": 900.0}
+    slower = explain({**base, "ratio": 0.9})
+    assert slower.startswith("adaptspec was slower here (0.90x): code: 2 of 10 draft tokens")
+    assert "saved 0.5 s and lost 0.9 s" in slower and "cost more than" in slower
+    paid = explain({**base, "ratio": 0.9, "engine_saved_ms": 2000.0})
+    assert "its steps with drafts paid, so the time went elsewhere" in paid
     assert "payoff guard kept 7 steps" in explain({**base, "ratio": 0.9,
                                                    "payoff_held_budget_steps": 7.0})
     assert explain({**base, "ratio": 1.01}).startswith("About even (1.01x")
-    assert "drafted nothing" in explain({"classes": {}, "payoff_held_budget_steps": 0,
-                                         "ratio": 0.99})
+    nothing = explain({"classes": {}, "payoff_held_budget_steps": 0, "ratio": 0.9})
+    assert "verified no drafts" in nothing and "not speculation" in nothing
+    assert "cost more" not in nothing
 
 
 @pytest.mark.vllm

@@ -159,25 +159,37 @@ def _total(metrics: dict[str, Any], name: str) -> float:
 
 
 def explain(s: dict[str, Any]) -> str:
-    """One honest sentence from what was measured and what the controller did."""
+    """A few honest sentences from what was measured and what the controller did."""
     spec = {c: r for c, r in s["classes"].items() if r["drafted"]}
-    did = "; ".join(f"{c}: {r['speculated_share']:.0%} of steps speculated, "
-                    f"{r['accepted']:.0f} of {r['drafted']:.0f} draft tokens accepted"
-                    for c, r in spec.items()) or "it drafted nothing"
-    if s.get("engine_saved_ms") or s.get("engine_lost_ms"):
-        did += (f". By the server's own step times its speculating steps saved "
-                f"{s['engine_saved_ms'] / 1000:.1f} s and lost {s['engine_lost_ms'] / 1000:.1f} s "
-                "against plain steps of the same batch size")
+    did = "; ".join(f"{c}: {r['accepted']:.0f} of {r['drafted']:.0f} draft tokens accepted"
+                    for c, r in spec.items())
+    saved, lost = s.get("engine_saved_ms", 0.0), s.get("engine_lost_ms", 0.0)
+    if did and (saved or lost):
+        did += (f". By the server's own step times, its steps with drafts saved "
+                f"{saved / 1000:.1f} s and lost {lost / 1000:.1f} s against plain steps of the "
+                "same batch size")
     if s["ratio"] >= 1 + NOISE:
-        return f"adaptspec was {s['ratio']:.2f}x plain decoding ({did})."
-    if s["ratio"] > 1 - NOISE:
-        return (f"About even ({s['ratio']:.2f}x, within this machine's noise of "
-                f"+-{NOISE:.0%}): {did}.")
-    why = (f"the payoff guard kept {s['payoff_held_budget_steps']:.0f} steps plain after "
-           "speculation lost time" if s["payoff_held_budget_steps"] else
-           "the steps that verified drafts cost more than the accepted tokens saved on this "
-           "CPU, and the controller had not yet priced them out")
-    return f"adaptspec was slower here ({s['ratio']:.2f}x): {did}; {why}."
+        return f"adaptspec was {s['ratio']:.2f}x plain decoding ({did or 'no drafts'})."
+    even = s["ratio"] > 1 - NOISE
+    head = (f"About even ({s['ratio']:.2f}x, within this machine's noise of +-{NOISE:.0%})"
+            if even else f"adaptspec was slower here ({s['ratio']:.2f}x)")
+    if not did:
+        return (f"{head}. It verified no drafts (the controller priced speculation out, or the "
+                "proposer found nothing to propose), so the difference is not speculation: "
+                "adaptspec runs vLLM without async scheduling, which it needs, and the machine "
+                "is noisy.")
+    if even:
+        return f"{head}: {did}."
+    if s["payoff_held_budget_steps"]:
+        why = (f"the payoff guard kept {s['payoff_held_budget_steps']:.0f} steps plain after "
+               "speculation lost time")
+    elif lost > saved:
+        why = ("the steps that verified drafts cost more than the accepted tokens saved, and "
+               "the controller had not yet priced them out")
+    else:
+        why = ("its steps with drafts paid, so the time went elsewhere: steps that also "
+               "prefilled, the scheduling without async, or the machine's noise")
+    return f"{head}: {did}; {why}."
 
 
 def format_table(s: dict[str, Any]) -> str:
