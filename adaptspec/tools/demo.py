@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import sys
 import threading
@@ -72,6 +73,14 @@ def make_jobs(n_code: int, n_chat: int, n_lc: int, max_tokens: int, lc_tokens: i
     lc = [Job(f"lc-{i}", LC_CLASS, INTERACTIVE_PROMPTS[i % len(INTERACTIVE_PROMPTS)], lc_tokens)
           for i in range(n_lc)]
     return main, lc
+
+
+def progress_bar(desc: str, total: int | None = None, unit: str = "it") -> tqdm:
+    """A tqdm bar on stdout, sized from the terminal: a pseudo-terminal of size 0x0 (`script`,
+    some CI runners) makes tqdm hide every bar."""
+    cols, rows = shutil.get_terminal_size((100, 24))
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stdout,
+                ncols=min(cols, 100) if cols > 0 else 100, nrows=rows if rows > 0 else 24)
 
 
 def _send(server: Server, job: Job) -> dict[str, Any]:
@@ -231,7 +240,7 @@ def _stderr_to(path: Path) -> Iterator[None]:
 def _fetch_model(log: Path) -> str:
     from adaptspec.tools.models import build_qwen
 
-    with tqdm(desc="fetching the model", unit=" step", file=sys.stdout) as bar, \
+    with progress_bar("fetching the model", unit=" step") as bar, \
             _stderr_to(log), open(log, "a") as f:
         def progress(msg: str) -> None:
             f.write(msg + "\n")
@@ -275,7 +284,7 @@ def run_demo(args: argparse.Namespace) -> int:
     sides: dict[str, dict[str, Any]] = {}
     current = "plain"
     try:
-        with tqdm(total=2, desc="starting both servers", file=sys.stdout) as bar:
+        with progress_bar("starting both servers", 2) as bar:
             for name, cfg in configs.items():
                 port = args.port if name == "adaptspec" and args.keep else _free_port()
                 servers[name] = Server(cfg, model, port, sizes, policy_path, logs[name],
@@ -286,8 +295,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 bar.update()
         for name, server in servers.items():
             current = name
-            with tqdm(total=len(main) + len(lc), desc=f"requests to {name}", unit=" req",
-                      file=sys.stdout) as bar:
+            with progress_bar(f"requests to {name}", len(main) + len(lc), " req") as bar:
                 sides[name] = run_side(server, main, lc, args.concurrency, bar)
     except Exception as e:  # noqa: BLE001 - reported with the log, then the run fails
         for s in servers.values():
