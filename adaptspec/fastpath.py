@@ -222,7 +222,7 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
         state = np.empty((2, n), dtype=np.int64)
         for i in range(n):
             p, votes_i = prev_k[slots[i]], votes[slots[i]]
-            if wanted[i] - p == 1 and votes_i + 1 < hyst_steps:
+            if wanted[i] - p == 1 and votes_i + 1 < hyst_steps and p >= lo[i]:
                 votes_i += 1
             else:
                 p, votes_i = wanted[i], 0

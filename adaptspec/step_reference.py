@@ -107,7 +107,8 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
         # latency-critical request passing through is no change of mind.
         wanted = k_min + (q >= threshold[best_free]).sum(axis=0)
         p, v = prev_k[slots], votes[slots]
-        hold = (wanted - p == 1) & (v + 1 < hyst_steps)
+        # (never held below k_min: a new request's K starts from 0)
+        hold = (wanted - p == 1) & (v + 1 < hyst_steps) & (p >= k_min)
         prev_k[slots] = granted = np.where(hold, p, wanted)
         votes[slots] = np.where(hold, v + 1, 0)
         ks = np.minimum(ks, granted)

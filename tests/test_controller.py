@@ -254,6 +254,23 @@ def test_hysteresis_reduces_flapping() -> None:
     assert held < 0.7 * plain
 
 
+def test_hysteresis_never_holds_a_request_below_its_k_min() -> None:
+    """A new request's K starts from 0: a rise to k_min is no change of mind to wait for."""
+    # Drafts priced so dear that the plan is the forced minimum alone, or one more for 'b'.
+    cost = CostModel(base_ms=10, per_request_ms=0.0, per_draft_token_ms=3.0,
+                     spec_overhead_ms=0.0, knee_tokens=0, over_knee_ms=0, learn=False)
+    p = Policy(classes={"a": ClassPolicy(prior_acceptance=0.2, k_min=1),
+                        "b": ClassPolicy(prior_acceptance=0.2, k_min=2)},
+               default_class="a", cost_model=cost, hysteresis_steps=3, exploration=0.0)
+    for steps in range(3):
+        ctl = Controller(p)
+        slots = np.array([ctl.add_request("x", "a"), ctl.add_request("y", "b")])
+        ks = np.zeros(2, dtype=np.int64)
+        for _ in range(steps + 1):
+            ks = ctl.step(slots, ks, np.zeros(2, dtype=np.int64), 0.01)
+            assert ks[0] >= 1 and ks[1] >= 2, ks
+
+
 def test_faults_give_fallback_and_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     ctl = Controller(policy(fallback_k=2))
     slots = np.array([ctl.add_request("c", "code"), ctl.add_request("i", "interactive")])
