@@ -46,7 +46,7 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def _hash_tree(root: Path, subdirs: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+def hash_tree(root: Path, subdirs: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     files: dict[str, dict[str, Any]] = {}
     for sub in subdirs:
         for p in sorted((root / sub).rglob("*")):
@@ -56,7 +56,7 @@ def _hash_tree(root: Path, subdirs: tuple[str, ...]) -> dict[str, dict[str, Any]
     return files
 
 
-def _with_paths(manifest: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+def with_paths(manifest: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     out = dict(manifest)
     out["dir"] = str(out_dir)
     for role in ("target", "draft"):
@@ -65,7 +65,7 @@ def _with_paths(manifest: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     return out
 
 
-def _cached(
+def cached(
     out_dir: Path, builder: str, version: int, params: dict[str, Any], verify: bool
 ) -> dict[str, Any] | None:
     """The manifest in ``out_dir`` if it matches and its files are there, else None."""
@@ -90,7 +90,7 @@ def _cached(
 
 
 @contextlib.contextmanager
-def _locked(out_dir: Path) -> Iterator[None]:
+def locked(out_dir: Path) -> Iterator[None]:
     """Serialise builders of the same folder (e.g. parallel test workers)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -106,7 +106,7 @@ def _locked(out_dir: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _install_result(out_dir: Path, staging: Path, roles: tuple[str, ...]) -> None:
+def install_result(out_dir: Path, staging: Path, roles: tuple[str, ...]) -> None:
     """Move ``staging/<role>`` to ``out_dir/<role>``, replacing what was there."""
     stale = out_dir / MANIFEST
     if stale.exists():
@@ -118,13 +118,13 @@ def _install_result(out_dir: Path, staging: Path, roles: tuple[str, ...]) -> Non
         os.replace(staging / role, dst)
 
 
-def _write_manifest(out_dir: Path, manifest: dict[str, Any]) -> None:
+def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> None:
     tmp = out_dir / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, out_dir / MANIFEST)
 
 
-def _require(*modules: str, extra: str = "models") -> None:
+def require(*modules: str, extra: str = "models") -> None:
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         raise ImportError(

@@ -20,14 +20,14 @@ from adaptspec.tools.models.cache import (
     MANIFEST,
     QWEN_VERSION,
     Progress,
-    _hash_tree,
-    _install_result,
-    _locked,
-    _require,
-    _with_paths,
-    _write_manifest,
     default_dir,
+    hash_tree,
+    install_result,
+    locked,
+    require,
     sha256_file,
+    with_paths,
+    write_manifest,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -230,7 +230,7 @@ def cached_qwen(out_dir: Path | str | None = None,
     manifest, have = _cached_roles(out_dir, verify=False)
     if manifest is None or not set(roles) <= set(have):
         return None
-    return _with_paths(manifest, out_dir)
+    return with_paths(manifest, out_dir)
 
 
 def build_qwen(
@@ -250,19 +250,19 @@ def build_qwen(
     transformers (needs ``gguf`` and ``accelerate``) and saves ``out_dir/{draft,target}`` with
     the tokenizer. Both need ~2 GB of downloads, ~4 GB of scratch space and a few minutes.
     """
-    _require("torch", "transformers", "gguf", "accelerate", "safetensors")
+    require("torch", "transformers", "gguf", "accelerate", "safetensors")
     unknown = set(roles) - set(ROLES)
     if unknown or not roles:
         raise ValueError(f"roles must be some of {ROLES}, got {roles}")
     out_dir = Path(out_dir) if out_dir is not None else default_dir("qwen")
     out_dir = out_dir.expanduser().resolve()
     t_start = time.monotonic()
-    with _locked(out_dir):
+    with locked(out_dir):
         manifest, have = _cached_roles(out_dir, verify)
         todo = tuple(r for r in ROLES if r in roles and (force or r not in have))
         if manifest is not None and not todo:
             progress(f"qwen models: cached in {out_dir}")
-            return _with_paths(manifest, out_dir)
+            return with_paths(manifest, out_dir)
         keep = tuple(r for r in have if r not in todo)
         # everything is local: keep huggingface_hub off the network (read when it is imported)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -288,14 +288,14 @@ def build_qwen(
                 _convert_gguf(gguf, staging / role, progress)
                 shutil.rmtree(gguf_dir, ignore_errors=True)
                 timings[f"{role}_convert_s"] = round(time.monotonic() - t0, 1)
-            _install_result(out_dir, staging, todo)
+            install_result(out_dir, staging, todo)
 
         built = tuple(r for r in ROLES if r in keep or r in todo)
         manifest = {
             "builder": "qwen",
             "version": QWEN_VERSION,
             "params": _qwen_params(built),
-            "files": _hash_tree(out_dir, built),
+            "files": hash_tree(out_dir, built),
             "timings": timings,
             "versions": {
                 "transformers": transformers.__version__,
@@ -303,6 +303,6 @@ def build_qwen(
             },
             "build_seconds": round(time.monotonic() - t_start, 1),
         }
-        _write_manifest(out_dir, manifest)
+        write_manifest(out_dir, manifest)
         progress(f"qwen models: done in {manifest['build_seconds']} s")
-        return _with_paths(manifest, out_dir)
+        return with_paths(manifest, out_dir)

@@ -20,14 +20,14 @@ from typing import Any
 from adaptspec.tools.models.cache import (
     TINY_VERSION,
     Progress,
-    _cached,
-    _hash_tree,
-    _install_result,
-    _locked,
-    _require,
-    _with_paths,
-    _write_manifest,
+    cached,
     default_dir,
+    hash_tree,
+    install_result,
+    locked,
+    require,
+    with_paths,
+    write_manifest,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -105,7 +105,7 @@ def stdlib_corpus(budget: int = TINY_CORPUS_BYTES) -> list[str]:
 
 def train_tokenizer(texts: list[str], vocab_size: int = TINY_VOCAB) -> Any:
     """A byte-level BPE ``tokenizers.Tokenizer`` that adds ``<s>`` in front of every input."""
-    _require("tokenizers")
+    require("tokenizers")
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
@@ -325,7 +325,7 @@ def build_tiny(
     initialisation plus random blocks (fastest; enough for identity tests). ``verify``
     re-hashes cached files instead of checking only their sizes.
     """
-    _require("torch", "transformers", "tokenizers", "safetensors")
+    require("torch", "transformers", "tokenizers", "safetensors")
     if train_steps < 0:
         raise ValueError(f"train_steps must be >= 0, not {train_steps}")
     out_dir = Path(out_dir) if out_dir is not None else default_dir("tiny")
@@ -337,10 +337,10 @@ def build_tiny(
     params["corpus_sha256"] = corpus_sha
     params["python"] = f"{sys.version_info.major}.{sys.version_info.minor}"
 
-    with _locked(out_dir):
-        if not force and (hit := _cached(out_dir, "tiny", TINY_VERSION, params, verify)):
+    with locked(out_dir):
+        if not force and (hit := cached(out_dir, "tiny", TINY_VERSION, params, verify)):
             progress(f"tiny models: cached in {out_dir}")
-            return _with_paths(hit, out_dir)
+            return with_paths(hit, out_dir)
 
         import torch
         import transformers
@@ -403,13 +403,13 @@ def build_tiny(
                 folder = staging / role
                 model.save_pretrained(folder)
                 _save_tokenizer(tok, folder)
-            _install_result(out_dir, staging, ("target", "draft"))
+            install_result(out_dir, staging, ("target", "draft"))
 
         manifest = {
             "builder": "tiny",
             "version": TINY_VERSION,
             "params": params,
-            "files": _hash_tree(out_dir, ("target", "draft")),
+            "files": hash_tree(out_dir, ("target", "draft")),
             "metrics": metrics,
             "versions": {
                 "torch": torch.__version__,
@@ -418,6 +418,6 @@ def build_tiny(
             },
             "build_seconds": round(time.monotonic() - t_start, 2),
         }
-        _write_manifest(out_dir, manifest)
+        write_manifest(out_dir, manifest)
         progress(f"tiny models: done in {manifest['build_seconds']} s")
-        return _with_paths(manifest, out_dir)
+        return with_paths(manifest, out_dir)
