@@ -150,12 +150,17 @@ class CostModel(_Strict):
 #   bound from the first extra token (knee 1), and each request in the batch costs about as much as
 #   a verified token. The spec overhead (rejection sampler, bookkeeping) is the step time a tiny-
 #   model run of the project's lost to speculation, scaled to this model.
-# gpu: an 8B model (Llama-3-8B class, bf16) on one H100 SXM. Weights 16 GB / 3.35 TB/s HBM
-#   (NVIDIA H100 datasheet) ~4.8 ms + launch/sampling overhead -> ~6.5 ms a decode step at batch
-#   1, matching the ~150 tok/s single-stream figures vLLM and TensorRT-LLM publish. 16 GFLOP per
-#   token at ~600 TFLOP/s achieved dense bf16 (of 989 peak) -> 0.027 ms a token once compute-bound;
-#   the ridge point 4.8 ms / 0.027 ms ~ 180 tokens is the knee. KV-cache reads add ~0.02 ms per
-#   request at ~1k context.
+# gpu: FITTED to measurements: vLLM PR #32374 ("Add Dynamic SD"), Llama-3.1-8B with the
+#   EAGLE-LLaMA3.1-8B drafter on MT-Bench, ms per engine step (drafting included) at batch 1, 4,
+#   16, 64, 256 and K = 0, 1, 3, 5 for every request; GPU not named, the author's other runs are
+#   on H100. The table and its citation are in adaptspec/tools/simulator/published.py; the fit,
+#   adaptspec/tools/simulator/fit_gpu.py, minimises the largest relative error over the 20 cells
+#   (non-negative coefficients, best integer knee) while keeping the table's best fixed K by batch
+#   (3 at 1-16, 1 at 64, 0 at 256, with the PR's acceptance): largest cell error 7.6% (6.2%
+#   without that constraint, which then ranks K=3 first at 64 and K=1 at 256). In that table
+#   S = B*K, so the verify-token and drafter-per-request terms are one column: the fit puts 0 in
+#   both; drafting shows as per_draft_position_ms (an EAGLE pass) and spec_overhead_ms. The
+#   2601.11580 (MLSys 2026) Llama8BH100 predictor agrees loosely (tests/test_gpu_preset.py).
 COST_PRESETS: dict[str, dict[str, float]] = {
     "cpu": {
         "base_ms": 250.0,
@@ -168,13 +173,13 @@ COST_PRESETS: dict[str, dict[str, float]] = {
         "per_request_pass_ms": 0.0,
     },
     "gpu": {
-        "base_ms": 6.5,
-        "per_request_ms": 0.02,
-        "per_draft_token_ms": 0.002,
-        "per_draft_position_ms": 0.0,
-        "spec_overhead_ms": 0.3,
-        "knee_tokens": 180.0,
-        "over_knee_ms": 0.027,
+        "base_ms": 6.001,
+        "per_request_ms": 0.02592,
+        "per_draft_token_ms": 0.0,
+        "per_draft_position_ms": 0.5719,
+        "spec_overhead_ms": 1.077,
+        "knee_tokens": 190.0,
+        "over_knee_ms": 0.03354,
         "per_request_pass_ms": 0.0,
     },
 }

@@ -83,7 +83,7 @@ def test_estimator_learns_per_position_and_tracks_drift() -> None:
 
 def test_cost_model_learns_both_regimes() -> None:
     rng = np.random.default_rng(0)
-    cfg = CostModel(preset="gpu")  # prior says tokens are nearly free up to a knee of 180
+    cfg = CostModel(preset="gpu")  # prior says tokens are nearly free up to a knee of 190
 
     def truth(b: int, s: int) -> float:  # a machine that is compute-bound from the start
         return 20.0 + 1.0 * b + 2.0 * s

