@@ -62,8 +62,10 @@ class Metrics:
             multiprocess_mode="mostrecent", **kw)
         self.payoff_held = Counter(
             "adaptspec_payoff_held_steps",
-            "Engine steps the payoff guard kept plain: to measure the plain step (measure) or "
-            "because speculation had lost its budget (budget)", ["reason"], **kw)
+            "Engine steps the payoff guard kept plain: to measure the plain step (measure), "
+            "because speculation had lost its budget (budget), or because a latency-critical "
+            "request was in the batch and steps with drafts measured slower than the policy's "
+            "slack allows (latency)", ["reason"], **kw)
         self.payoff_lost = Counter(
             "adaptspec_payoff_lost_ms",
             "Time speculating steps took beyond plain decoding's for the same tokens (kept "

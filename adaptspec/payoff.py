@@ -46,7 +46,8 @@ class PayoffGuard:
     Attributes (plain, for inspection and tests): budget (share of time speculation may lose),
     cap_steps, refresh_steps, plain_ms (batch size -> running plain step time), plain_n,
     plain_at (step index of the last plain sample per batch size), account_ms, steps,
-    spec_steps, loss_ms (total charged), time_ms (total measured), forced_plain, held.
+    spec_steps, loss_ms (total charged), time_ms (total measured), forced_plain, held,
+    spec_ratio (speculating steps' time over plain decoding's, running mean over ratio_n).
     """
 
     def __init__(self, budget: float = 0.01, cap_steps: float = 8.0, refresh_steps: int = 256,
@@ -72,6 +73,10 @@ class PayoffGuard:
         self.forced_plain = 0  # decisions held plain to measure the plain step
         self.held = 0  # decisions held plain because the account was spent
         self.last_hold: str | None = None  # why the last `allow` said no: measure | budget
+        # Speculating steps' time over plain decoding's at the same batch size (running mean)
+        self.spec_ratio = 1.0
+        self.ratio_n = 0
+        self.min_ratio_samples = 8
 
     # ---------------------------------------------------------------- the plain reference
 
@@ -172,6 +177,7 @@ class PayoffGuard:
             # cores, a pause in the engine): charged as that, not in full, or one stall would
             # hold speculation that pays for hundreds of steps.
             t = min(step_ms, STALL_FACTOR * plain)
+            self._add_ratio(t / plain)
             loss = t - (batch + max(accepted, 0)) / batch * plain
             if latency_critical:
                 loss = max(loss, t - (1.0 + slack) * plain)
@@ -181,6 +187,17 @@ class PayoffGuard:
         ref = self.plain_estimate(batch) or step_ms
         self.account_ms = min(self.account_ms, self.cap_steps * ref)
         return loss
+
+    def _add_ratio(self, r: float) -> None:
+        # A running mean over about `memory` speculating steps, like the plain estimates.
+        self.ratio_n += 1
+        self.spec_ratio += (r - self.spec_ratio) / min(self.ratio_n, self.memory)
+
+    def drafts_slow_steps(self, slack: float) -> bool:
+        """Have speculating steps measured slower than (1 + slack) x plain decoding's at their
+        batch size, on average over enough of them to say? A latency-critical request gets one
+        token a step whatever the others accept, so such a step is that much slower for it."""
+        return self.ratio_n >= self.min_ratio_samples and self.spec_ratio > 1.0 + slack
 
     def summary(self) -> dict[str, float]:
         return {"steps": self.steps, "spec_steps": self.spec_steps, "loss_ms": self.loss_ms,

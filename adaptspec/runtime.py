@@ -125,12 +125,16 @@ class AdaptiveRuntime:
                              None if step_time_s is None else step_time_s * 1e3,
                              latency_critical=lc, slack=self.policy.latency_critical_slack)
         allow = guard.allow(len(req_ids)) if self.guard_gates else True
+        hold = guard.last_hold if self.guard_gates else None
+        if allow and lc and guard.drafts_slow_steps(self.policy.latency_critical_slack):
+            # The controller's cost model may price a step with drafts within the slack of
+            # plain decoding while the engine measures it slower: with a latency-critical
+            # request in the batch, measurements decide, whether or not the guard gates.
+            allow, hold = False, "latency"
         if self.metrics is not None:
             try:
-                if self.guard_gates:
-                    self.metrics.record_payoff(guard.last_hold, loss, guard.account_ms)
-                else:
-                    self.metrics.record_payoff(None, loss, None)
+                self.metrics.record_payoff(hold, loss,
+                                           guard.account_ms if self.guard_gates else None)
             except Exception:
                 self._count_error()
                 log.exception("adaptspec: metrics failed; serving continues")

@@ -293,3 +293,38 @@ def test_the_account_is_kept_when_the_guard_does_not_gate() -> None:
     assert "adaptspec_payoff_saved_ms_total 200.0" in text
     assert "adaptspec_payoff_held_steps_total{" not in text
     assert "adaptspec_payoff_account_ms 0.0" in text  # never set: it means nothing here
+
+
+def test_a_latency_critical_request_gets_plain_steps_when_drafts_measure_slower() -> None:
+    """The controller's cost model prices drafts as free here; the engine measures steps with
+    drafts 10% slower than plain ones. Beside a latency-critical request (slack 2%) the next step
+    is then plain, with the guard off as on; alone, the code request keeps speculating."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from adaptspec.metrics import Metrics
+
+    def run(spec_ms: float) -> tuple[dict[str, int], str]:
+        reg = CollectorRegistry()
+        policy = Policy(classes={"code": ClassPolicy(prior_acceptance=0.9),
+                                 "lc": ClassPolicy(latency_critical=True)},
+                        default_class="code", exploration=0.0, hysteresis_steps=1,
+                        latency_critical_slack=0.02, payoff=Payoff(enabled=False),
+                        cost_model=CostModel(base_ms=10, per_draft_token_ms=0.0,
+                                             spec_overhead_ms=0.0, learn=False))
+        rt = AdaptiveRuntime(policy, k_cap=4, metrics=Metrics(policy.max_classes, policy.k_max,
+                                                              registry=reg))
+        rt.admit("a", RequestInfo())
+        rt.admit("i", RequestInfo(extra_args={"adaptspec_class": "lc"}))
+        for _ in range(4):
+            rt.step(["a", "i"], [0, 0], [0, 0], 0.1)  # plain steps of 2: 100 ms
+        for n in range(1, 9):  # the guard judges after 8 measured steps with drafts
+            held = n == 8 and spec_ms > 102
+            assert rt.step(["a", "i"], [4, 0], [0, 0], spec_ms / 1e3) == \
+                {"a": 0 if held else 4, "i": 0}
+        return rt.step(["a"], [0], [0], 0.1), generate_latest(reg).decode()
+
+    alone, text = run(110.0)
+    assert alone == {"a": 4}  # no latency-critical request: speculation goes on
+    assert 'adaptspec_payoff_held_steps_total{reason="latency"}' in text
+    _, text = run(101.0)  # within the slack: never held
+    assert 'reason="latency"' not in text
