@@ -65,28 +65,37 @@ def with_paths(manifest: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     return out
 
 
+def read_manifest(out_dir: Path, builder: str, version: int) -> dict[str, Any] | None:
+    """The manifest in ``out_dir`` if that builder at that version wrote it, else None."""
+    try:
+        manifest = json.loads((out_dir / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if manifest.get("builder") != builder or manifest.get("version") != version:
+        return None
+    return manifest
+
+
+def files_intact(out_dir: Path, files: dict[str, dict[str, Any]], verify: bool) -> bool:
+    """Are these manifest entries there with their sizes (and, with ``verify``, their
+    sha256)?"""
+    for rel, info in files.items():
+        p = out_dir / rel
+        if not p.is_file() or p.stat().st_size != info["bytes"]:
+            return False
+        if verify and sha256_file(p) != info["sha256"]:
+            return False
+    return True
+
+
 def cached(
     out_dir: Path, builder: str, version: int, params: dict[str, Any], verify: bool
 ) -> dict[str, Any] | None:
     """The manifest in ``out_dir`` if it matches and its files are there, else None."""
-    path = out_dir / MANIFEST
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError):
+    manifest = read_manifest(out_dir, builder, version)
+    if manifest is None or manifest.get("params") != params:
         return None
-    if (
-        manifest.get("builder") != builder
-        or manifest.get("version") != version
-        or manifest.get("params") != params
-    ):
-        return None
-    for rel, info in manifest.get("files", {}).items():
-        p = out_dir / rel
-        if not p.is_file() or p.stat().st_size != info["bytes"]:
-            return None
-        if verify and sha256_file(p) != info["sha256"]:
-            return None
-    return manifest
+    return manifest if files_intact(out_dir, manifest.get("files", {}), verify) else None
 
 
 @contextlib.contextmanager

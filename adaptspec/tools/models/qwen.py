@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from adaptspec.tools.models.cache import (
-    MANIFEST,
     QWEN_VERSION,
     Progress,
     default_dir,
+    files_intact,
     hash_tree,
     install_result,
     locked,
+    read_manifest,
     require,
-    sha256_file,
     with_paths,
     write_manifest,
 )
@@ -190,30 +190,16 @@ def _qwen_params(roles: tuple[str, ...] = ROLES) -> dict[str, Any]:
 def _cached_roles(out_dir: Path, verify: bool) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
     """The manifest in ``out_dir`` and the roles it holds intact (its params for that role
     match the pinned sources, its files are there)."""
-    try:
-        manifest = json.loads((out_dir / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None, ()
-    if manifest.get("builder") != "qwen" or manifest.get("version") != QWEN_VERSION:
-        return None, ()
+    manifest = read_manifest(out_dir, "qwen", QWEN_VERSION)
     want = _qwen_params()
-    params = manifest.get("params", {})
-    if params.get("dtype") != want["dtype"]:
+    if manifest is None or manifest.get("params", {}).get("dtype") != want["dtype"]:
         return None, ()
     have = []
     for role in ROLES:
-        if params.get(role) != want[role]:
-            continue
         files = {rel: info for rel, info in manifest.get("files", {}).items()
                  if rel.startswith(role + "/")}
-        ok = bool(files)
-        for rel, info in files.items():
-            p = out_dir / rel
-            if not p.is_file() or p.stat().st_size != info["bytes"] or (
-                    verify and sha256_file(p) != info["sha256"]):
-                ok = False
-                break
-        if ok:
+        if (manifest["params"].get(role) == want[role] and files
+                and files_intact(out_dir, files, verify)):
             have.append(role)
     return manifest, tuple(have)
 
@@ -260,7 +246,7 @@ def build_qwen(
     with locked(out_dir):
         manifest, have = _cached_roles(out_dir, verify)
         todo = tuple(r for r in ROLES if r in roles and (force or r not in have))
-        if manifest is not None and not todo:
+        if not todo:
             progress(f"qwen models: cached in {out_dir}")
             return with_paths(manifest, out_dir)
         keep = tuple(r for r in have if r not in todo)
