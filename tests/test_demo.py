@@ -16,10 +16,10 @@ from adaptspec.tools.demo import explain, format_table, make_jobs, summarize
 
 def _side(wall: float, tokens: dict[str, list[int]], gaps_s: float,
           metrics: dict[str, Any] | None = None) -> dict[str, Any]:
-    main = [{"id": k, "tokens": v, "chunk_times": [i * 0.05 for i in range(len(v))]}
-            for k, v in tokens.items() if not k.startswith("lc")]
-    lc = [{"id": k, "tokens": v, "chunk_times": [i * gaps_s for i in range(len(v))]}
-          for k, v in tokens.items() if k.startswith("lc")]
+    main = [{"id": k, "tokens": v, "chunk_times": [i * 0.05 for i in range(len(v))],
+             "chunk_tokens": [1] * len(v)} for k, v in tokens.items() if not k.startswith("lc")]
+    lc = [{"id": k, "tokens": v, "chunk_times": [i * gaps_s for i in range(len(v))],
+           "chunk_tokens": [1] * len(v)} for k, v in tokens.items() if k.startswith("lc")]
     return {"wall_s": wall, "requests": main, "lc_requests": lc, "metrics": metrics or {}}
 
 

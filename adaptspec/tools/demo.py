@@ -17,22 +17,20 @@ import contextlib
 import json
 import os
 import shutil
-import statistics
 import sys
 import threading
 import time
 import warnings
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from adaptspec.policy import SHIPPED, load_policy, shipped_policy
-from adaptspec.tools.bench.client import stream_completion
+from adaptspec.tools.bench.cells import median_gap_ms, run_cell
 from adaptspec.tools.bench.servers import OURS_NGRAM, Config, Server, Sizes, _free_port
+from adaptspec.tools.bench.workload import Request
 from adaptspec.tools.promtext import difference, per_class
 
 CODE_PROMPTS = [
@@ -53,24 +51,19 @@ LC_CLASS = "interactive"
 NOISE = 0.03
 
 
-@dataclass
-class Job:
-    id: str
-    cls: str
-    prompt: str
-    max_tokens: int
-
-
 def make_jobs(n_code: int, n_chat: int, n_lc: int, max_tokens: int, lc_tokens: int
-              ) -> tuple[list[Job], list[Job]]:
-    """The main stream (code and chat, interleaved) and the latency-critical one."""
-    code = [Job(f"code-{i}", "code", CODE_PROMPTS[i % len(CODE_PROMPTS)], max_tokens)
+              ) -> tuple[list[Request], list[Request]]:
+    """The main stream (code and chat, interleaved) and the latency-critical one, greedy."""
+    def job(rid: str, cls: str, prompt: str, n: int) -> Request:
+        return Request(rid, cls, prompt, n, temperature=0.0, seed=0)
+
+    code = [job(f"code-{i}", "code", CODE_PROMPTS[i % len(CODE_PROMPTS)], max_tokens)
             for i in range(n_code)]
-    chat = [Job(f"chat-{i}", "chat", CHAT_PROMPTS[i % len(CHAT_PROMPTS)], max_tokens)
+    chat = [job(f"chat-{i}", "chat", CHAT_PROMPTS[i % len(CHAT_PROMPTS)], max_tokens)
             for i in range(n_chat)]
     main = [j for pair in zip(code, chat, strict=False) for j in pair]
     main += code[n_chat:] + chat[n_code:]
-    lc = [Job(f"lc-{i}", LC_CLASS, INTERACTIVE_PROMPTS[i % len(INTERACTIVE_PROMPTS)], lc_tokens)
+    lc = [job(f"lc-{i}", LC_CLASS, INTERACTIVE_PROMPTS[i % len(INTERACTIVE_PROMPTS)], lc_tokens)
           for i in range(n_lc)]
     return main, lc
 
@@ -83,50 +76,29 @@ def progress_bar(desc: str, total: int | None = None, unit: str = "it") -> tqdm:
                 ncols=min(cols, 100) if cols > 0 else 100, nrows=rows if rows > 0 else 24)
 
 
-def _send(server: Server, job: Job) -> dict[str, Any]:
-    res = stream_completion(server.port, {
-        "model": "bench", "prompt": job.prompt, "max_tokens": job.max_tokens, "temperature": 0,
-        "seed": 0, "ignore_eos": True, "vllm_xargs": {"adaptspec_class": job.cls}}, timeout=1800)
-    if res.error:
-        raise RuntimeError(f"request {job.id} failed: {res.error}")
-    return {"id": job.id, "cls": job.cls, "tokens": res.tokens, "chunk_times": res.chunk_times}
-
-
-def run_side(server: Server, main: list[Job], lc: list[Job], concurrency: int,
+def run_side(server: Server, main: list[Request], lc: list[Request], concurrency: int,
              bar: tqdm) -> dict[str, Any]:
     """The main stream at `concurrency` with the latency-critical requests sent one after
     another beside it (the first 2 s in); wall time is the main stream's."""
-    _send(server, Job("warm-up", "code", CODE_PROMPTS[0], 8))
+    warm_up = Request("warm-up", "code", CODE_PROMPTS[0], 8, temperature=0.0, seed=0)
+    prompts = {r.id: r.prompt for r in [warm_up, *main, *lc]}
+    cells = [run_cell(server, [warm_up], prompts, 1, "warm-up", tick=lambda: None)]
     before = server.metrics()
-    lc_out: list[dict[str, Any]] = []
 
     def lc_stream() -> None:
         time.sleep(2.0)
-        for job in lc:
-            lc_out.append(_send(server, job))
-            bar.update()
+        cells.append(run_cell(server, lc, prompts, 1, "latency-critical", tick=bar.update))
 
     lc_thread = threading.Thread(target=lc_stream, daemon=True)
-    t0 = time.perf_counter()
     lc_thread.start()
-
-    def one(job: Job) -> dict[str, Any]:
-        out = _send(server, job)
-        bar.update()
-        return out
-
-    with ThreadPoolExecutor(concurrency) as pool:
-        done = list(pool.map(one, main))
-    wall = time.perf_counter() - t0
+    main_cell = run_cell(server, main, prompts, concurrency, "main", tick=bar.update)
     lc_thread.join()
-    return {"wall_s": wall, "requests": done, "lc_requests": lc_out,
-            "metrics": difference(server.metrics(), before)}
-
-
-def median_gap_ms(requests: list[dict[str, Any]]) -> float:
-    gaps = [b - a for r in requests
-            for a, b in zip(r["chunk_times"], r["chunk_times"][1:], strict=False)]
-    return 1000 * statistics.median(gaps) if gaps else float("nan")
+    metrics = difference(server.metrics(), before)
+    errors = [e for c in [main_cell, *cells] for e in c["errors"]]
+    if errors or len(cells) < 2:
+        raise RuntimeError(f"requests failed: {'; '.join(errors[:3]) or 'latency-critical'}")
+    return {"wall_s": main_cell["wall_s"], "requests": main_cell["requests"],
+            "lc_requests": cells[1]["requests"], "metrics": metrics}
 
 
 def summarize(plain: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
@@ -306,7 +278,7 @@ def run_demo(args: argparse.Namespace) -> int:
     summary = summarize(sides["plain"], sides["adaptspec"])
     print("\n" + format_table(summary))
     result = {"model": model, "policy": str(policy_path), "dtype": "float32",
-              "concurrency": args.concurrency, "jobs": [asdict(j) for j in main + lc],
+              "concurrency": args.concurrency, "jobs": [j.asdict() for j in main + lc],
               "summary": summary,
               "sides": {k: {kk: vv for kk, vv in v.items() if kk != "metrics"}
                         for k, v in sides.items()}}

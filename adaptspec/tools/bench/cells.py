@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -105,15 +107,17 @@ def _spec_counters(m: dict[str, dict]) -> dict[str, float]:
 
 
 def run_cell(server: Server, stream: list[workload.Request], prompts: dict[str, str],
-             concurrency: int, label: str) -> dict[str, Any]:
-    """The stream at one concurrency; per-request results and the metrics it moved."""
+             concurrency: int, label: str, tick: Callable[[], Any] | None = None
+             ) -> dict[str, Any]:
+    """The stream at one concurrency; per-request results and the metrics it moved. `tick` is
+    called as each request ends (default: a progress line on stderr)."""
     before = server.metrics()
-    progress = Progress(label, len(stream))
+    tick = tick or Progress(label, len(stream)).tick
 
     def one(req: workload.Request) -> tuple[workload.Request, float, StreamResult]:
         start = time.perf_counter() - t0
         res = stream_completion(server.port, _body(req, prompts[req.id]), timeout=1800)
-        progress.tick()
+        tick()
         return req, start, res
 
     t0 = time.perf_counter()
@@ -134,3 +138,12 @@ def run_cell(server: Server, stream: list[workload.Request], prompts: dict[str, 
         "spec_before": _spec_counters(before), "spec_after": _spec_counters(after),
         "class_before": _class_counters(before), "class_after": _class_counters(after),
     }
+
+
+def median_gap_ms(requests: list[dict[str, Any]]) -> float:
+    """Median inter-token gap of run_cell's requests, each token of a chunk getting the chunk's
+    gap over its tokens (as the benchmark's per-class ITL)."""
+    gaps = [(t[i] - t[i - 1]) * 1e3 / k[i] for r in requests
+            for t, k in [(r["chunk_times"], r["chunk_tokens"])] for i in range(1, len(t))
+            for _ in range(k[i])]
+    return statistics.median(gaps) if gaps else float("nan")

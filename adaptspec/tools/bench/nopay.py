@@ -44,7 +44,7 @@ from typing import Any
 
 from adaptspec.policy import shipped_policy
 from adaptspec.tools.bench import workload
-from adaptspec.tools.bench.cells import run_cell
+from adaptspec.tools.bench.cells import median_gap_ms, run_cell
 from adaptspec.tools.bench.servers import OURS_NGRAM, Config, Server, Sizes, _free_port
 
 CONFIGS = (
@@ -83,15 +83,6 @@ def make_streams(sources: dict[str, Any], n: int, n_lc: int, max_tokens: int,
                            max_tokens=lc_tokens, temperature=0.0, seed=1000 + i)
           for i in range(n_lc)]
     return main, lc
-
-
-def median_gap_ms(requests: list[dict[str, Any]]) -> float:
-    """Median inter-token gap, each token of a chunk getting the chunk's gap over its tokens
-    (as the benchmark's per-class ITL)."""
-    gaps = [(t[i] - t[i - 1]) * 1e3 / k[i] for r in requests
-            for t, k in [(r["chunk_times"], r["chunk_tokens"])] for i in range(1, len(t))
-            for _ in range(k[i])]
-    return statistics.median(gaps) if gaps else float("nan")
 
 
 def policy_for(cfg: Config, policy: Path, folder: Path) -> Path:
