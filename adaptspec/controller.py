@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from adaptspec import fastpath
 from adaptspec.acceptance import AcceptanceEstimator, RequestAcceptance, learn
+from adaptspec.choose import choose_proposers
 from adaptspec.cost import StepCostModel
 from adaptspec.fastpath import BINS
 from adaptspec.policy import OTHER_CLASS, Policy
@@ -34,20 +36,28 @@ _NOBODY = np.zeros(0, dtype=bool)
 class Controller:
     """Chooses K per request per step. Never raises from `step`: faults give the fallback K.
 
-    Public attributes: policy, class_names (index -> name), estimator, requests, cost,
-    errors (faults absorbed), steps, last_predicted_ms, last_step_ms; per class (by index)
-    cls_k_min, cls_k_max (0: may not draft), cls_kind (decision kind when not drafting),
-    cls_slo_ms; per slot req_class, req_last_step (LRU age, inf while free), and the
-    hysteresis state req_prev_k (K granted at its last step) and req_votes (consecutive steps
-    it asked for one more draft).
+    Public attributes: policy, proposers (names; with more than one the controller also
+    chooses who drafts, adaptspec/choose.py), class_names (index -> name), estimator, requests,
+    cost, errors (faults absorbed), steps, last_predicted_ms, last_step_ms; per class (by
+    index) cls_k_min, cls_k_max (0: may not draft), cls_kind (decision kind when not drafting),
+    cls_slo_ms; per slot req_class, req_proposer (proposer chosen at its last step),
+    req_last_step (LRU age, inf while free), and the hysteresis state req_prev_k (K granted at
+    its last step) and req_votes (consecutive steps it asked for one more draft).
+
+    Evidence is kept per (class, proposer): estimator row p * n_cls + c, and per (request,
+    proposer): requests record slot * n_proposers + p. With one proposer both are the class
+    and the slot, as before proposers could be mixed.
     """
 
-    def __init__(self, policy: Policy, *, metrics: Any = None, seed: int | None = 0) -> None:
+    def __init__(self, policy: Policy, *, metrics: Any = None, seed: int | None = 0,
+                 proposers: Sequence[str] = ("ngram",)) -> None:
         self.policy = policy
         self.metrics = metrics
         self.rng = np.random.default_rng(seed)
         self.k_max = policy.k_max
-        n_cls = policy.max_classes + 1  # +1 for "other"
+        self.proposers = tuple(proposers) or ("ngram",)
+        n_prop = self.n_prop = len(self.proposers)
+        n_cls = self.n_cls = policy.max_classes + 1  # +1 for "other"
         self.class_names: list[str] = []
         self._class_index: dict[str, int] = {}
         self._class_last_used = np.zeros(n_cls)
@@ -56,17 +66,24 @@ class Controller:
         self.cls_k_max = np.zeros(n_cls, dtype=np.int64)
         self.cls_kind = np.ones(n_cls, dtype=np.int64)
         self.cls_slo_ms = np.full(n_cls, np.inf)
-        self.estimator = AcceptanceEstimator(n_cls, self.k_max, policy.forgetting)
+        # The same per estimator row (class and proposer), as the decision kernel reads them.
+        self._row_k_min = np.zeros(n_cls * n_prop, dtype=np.int64)
+        self._row_k_max = np.zeros(n_cls * n_prop, dtype=np.int64)
+        self._row_kind = np.ones(n_cls * n_prop, dtype=np.int64)
+        self._row_slo_ms = np.full(n_cls * n_prop, np.inf)
+        self.estimator = AcceptanceEstimator(n_cls * n_prop, self.k_max, policy.forgetting)
         self.estimator.active = 0  # grows as classes are registered
         for name in policy.classes:
             self._register_class(name, name)
         self._other = self._register_class(OTHER_CLASS, policy.default_class)
 
         cap = policy.max_requests
-        self.requests = RequestAcceptance(cap, policy.request_forgetting, policy.request_shrinkage)
+        self.requests = RequestAcceptance(cap * n_prop, policy.request_forgetting,
+                                          policy.request_shrinkage)
         self._slot_of: dict[str, int] = {}
         self._free = list(range(cap - 1, -1, -1))
         self.req_class = np.zeros(cap, dtype=np.int64)
+        self.req_proposer = np.zeros(cap, dtype=np.int64)
         self.req_last_step = np.zeros(cap)
         self.req_prev_k = np.zeros(cap, dtype=np.int64)
         self.req_votes = np.zeros(cap, dtype=np.int64)
@@ -87,7 +104,8 @@ class Controller:
         idx = len(self.class_names)
         self.class_names.append(name)
         self._class_index[name] = idx
-        self.estimator.active = len(self.class_names)
+        # Rows are proposer-major: the active ones run to the last proposer's newest class.
+        self.estimator.active = (self.n_prop - 1) * self.n_cls + len(self.class_names)
         self._configure_class(idx, settings)
         return idx
 
@@ -99,7 +117,16 @@ class Controller:
         self.cls_k_min[idx] = min(cfg.k_min, k_max)
         self.cls_kind[idx] = 2 if cfg.latency_critical else 1
         self.cls_slo_ms[idx] = cfg.itl_slo_ms if cfg.itl_slo_ms else np.inf
-        self.estimator.set_prior(idx, p.prior_vector(settings), cfg.prior_strength)
+        for row in self.rows(idx):
+            self._row_k_min[row] = self.cls_k_min[idx]
+            self._row_k_max[row] = self.cls_k_max[idx]
+            self._row_kind[row] = self.cls_kind[idx]
+            self._row_slo_ms[row] = self.cls_slo_ms[idx]
+            self.estimator.set_prior(row, p.prior_vector(settings), cfg.prior_strength)
+
+    def rows(self, cls: int) -> list[int]:
+        """The estimator rows of a class, one per proposer (in self.proposers' order)."""
+        return [p * self.n_cls + cls for p in range(self.n_prop)]
 
     def class_index(self, name: str) -> int:
         """Index of a class; unknown names become dynamic classes (if the policy allows) up to
@@ -144,9 +171,10 @@ class Controller:
         self._slot_of[req_id] = slot
         self.req_id_of[slot] = req_id
         self.req_class[slot] = self.class_index(class_name)
-        self.req_prev_k[slot] = self.req_votes[slot] = 0
+        self.req_prev_k[slot] = self.req_votes[slot] = self.req_proposer[slot] = 0
         self.req_last_step[slot] = self.steps + 1
-        self.requests.reset(slot)
+        for p in range(self.n_prop):
+            self.requests.reset(slot * self.n_prop + p)
         return slot
 
     def remove_request(self, req_id: str) -> None:
@@ -166,17 +194,24 @@ class Controller:
     # ------------------------------------------------------------------ the step
 
     def step(self, slots: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
-             step_time_s: float | None, allow_speculation: bool = True) -> np.ndarray:
-        """Feed back the last step, return K per request for the next one.
+             step_time_s: float | None, allow_speculation: bool = True,
+             sources: np.ndarray | None = None) -> np.ndarray:
+        """Feed back the last step, return K per request for the next one; the proposer that
+        is to draft it is in req_proposer[slots] (always 0 with one proposer).
 
-        `allow_speculation` False (the payoff guard holds speculation): every K is 0 and the
-        decision is recorded as plain; the controller still learns and plans as usual, so its
-        hysteresis and cut state stay those of its own plan."""
+        `sources`: which proposer drafted what each request verified (index into proposers;
+        None: the first). `allow_speculation` False (the payoff guard holds speculation): every
+        K is 0 and the decision is recorded as plain; the controller still learns and plans as
+        usual, so its hysteresis and cut state stay those of its own plan."""
         slots = np.ascontiguousarray(slots, dtype=np.int64)
+        src = None
         try:
             drafted = np.ascontiguousarray(drafted, dtype=np.int64)
             accepted = np.ascontiguousarray(accepted, dtype=np.int64)
-            ks, kinds = self._step(slots, drafted, accepted, step_time_s)
+            src = (np.zeros(slots.shape, dtype=np.int64) if sources is None
+                   else np.clip(np.ascontiguousarray(sources, dtype=np.int64), 0,
+                                self.n_prop - 1))
+            ks, kinds = self._step(slots, drafted, accepted, step_time_s, src)
             if not allow_speculation and ks.any():
                 ks = np.zeros_like(ks)
                 kinds = np.where(kinds == 0, 1, kinds)  # speculate -> plain (see DECISIONS)
@@ -188,7 +223,7 @@ class Controller:
                 self.metrics.record_error()
         if self.metrics is not None:
             try:
-                self.metrics.record_step(self, slots, drafted, accepted, ks, kinds)
+                self.metrics.record_step(self, slots, drafted, accepted, ks, kinds, src)
             except Exception:
                 self.errors += 1
                 log.exception("adaptspec metrics failed; serving continues")
@@ -196,16 +231,19 @@ class Controller:
 
     def step_by_id(self, req_ids: list[str], classes: list[str], drafted: np.ndarray,
                    accepted: np.ndarray, step_time_s: float | None,
-                   allow_speculation: bool = True) -> np.ndarray:
-        """`step` for callers that track requests by id; unknown ids are added."""
+                   allow_speculation: bool = True, sources: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """`step` for callers that track requests by id (unknown ids are added); returns K and
+        the proposer per request."""
         slots = np.fromiter(
             (self.add_request(r, c) for r, c in zip(req_ids, classes, strict=True)),
             dtype=np.int64, count=len(req_ids),
         )
-        return self.step(slots, drafted, accepted, step_time_s, allow_speculation)
+        ks = self.step(slots, drafted, accepted, step_time_s, allow_speculation, sources)
+        return ks, self.req_proposer[slots]
 
     def _step(self, slots: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
-              step_time_s: float | None) -> tuple[np.ndarray, np.ndarray]:
+              step_time_s: float | None, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Feedback, then the decision: K and the kind of each decision (index into
         DECISIONS)."""
         n = slots.size
@@ -220,13 +258,15 @@ class Controller:
         self.req_last_step[slots] = self.steps
         if self.policy.dynamic_classes:  # only the eviction of dynamic classes reads it
             self._class_last_used[cls] = self.steps
-        sn, spec_tokens, longest = learn(self.estimator, self.requests, cls, slots, drafted,
-                                         accepted)
+        n_prop = self.n_prop
+        sn, spec_tokens, longest = learn(self.estimator, self.requests, src * self.n_cls + cls,
+                                         slots * n_prop + src, drafted, accepted)
         if step_time_s is not None and step_time_s > 0:
             self.last_step_ms = step_time_s * 1e3
             self.cost.partial_fit(n, spec_tokens, longest, self.last_step_ms)
 
         p, kk = self.policy, self.k_max
+        self.req_proposer[slots] = 0
         if kk == 0 or not np.count_nonzero(self.cls_k_max[cls]):  # no request may draft
             return np.zeros(n, dtype=np.int64), self.cls_kind[cls]
         explore, z = _NOBODY, _NO_DRAWS
@@ -237,12 +277,23 @@ class Controller:
             m = int(np.count_nonzero(explore))
             if m:
                 z = self.rng.standard_normal((m, kk))
+        post = self.estimator.posterior_sums()
+        rows = cls
+        if n_prop > 1:
+            recs = slots[:, None] * n_prop + np.arange(n_prop)[None, :]
+            zp = self.rng.standard_normal((len(z), kk, n_prop)) if len(z) else _NO_DRAWS
+            choice = choose_proposers(post, self.n_cls, n_prop, cls, self.cls_k_max[cls],
+                                      self.requests.sn[:, recs], self.requests.shrinkage,
+                                      explore, zp)
+            self.req_proposer[slots] = choice
+            rows = choice * self.n_cls + cls
+            sn = self.requests.sn[:, slots * n_prop + choice]
         ks, kinds, inc, threshold, self.last_predicted_ms = fastpath.decide(
-            self.estimator.posterior_sums(), self.cls_k_min, self.cls_k_max, self.cls_kind,
-            self.cls_slo_ms, self.requests.shrinkage, sn, cls, explore, z, self.cost.coef,
-            self.cost.knee, p.latency_critical_slack, p.hysteresis_steps, self.req_prev_k,
-            self.req_votes, slots)
-        self._last_cut = (slots, cls, inc, threshold)
+            post, self._row_k_min, self._row_k_max, self._row_kind, self._row_slo_ms,
+            self.requests.shrinkage, sn, rows, explore, z, self.cost.coef, self.cost.knee,
+            p.latency_critical_slack, p.hysteresis_steps, self.req_prev_k, self.req_votes,
+            slots)
+        self._last_cut = (slots, rows, inc, threshold)
         return ks, kinds
 
     def cut(self, slots: np.ndarray, lengths: np.ndarray, confidence: np.ndarray) -> np.ndarray:
@@ -263,8 +314,8 @@ class Controller:
         state = self._last_cut
         if state is None or w <= 0 or slots.size == 0:
             return lengths.copy()
-        last_slots, last_cls, inc, threshold = state
-        k_min = self.cls_k_min[last_cls]
+        last_slots, last_rows, inc, threshold = state
+        k_min = self._row_k_min[last_rows]
         if threshold > BINS:
             return np.minimum(lengths, k_min.max())
         col_of = {int(s): i for i, s in enumerate(last_slots.tolist())}
@@ -290,6 +341,7 @@ class Controller:
         try:
             cap = self.cls_k_max[self.req_class[slots]]
             ks = np.minimum(self.policy.fallback_k, cap)
+            self.req_proposer[slots] = 0
         except Exception:
             ks = np.zeros(np.size(slots), dtype=np.int64)
         return ks.astype(np.int64), np.full(ks.shape, 3, dtype=np.int64)
@@ -308,6 +360,10 @@ class Controller:
                        "observations": float(self.estimator.observations()[i])}
                 for i, name in enumerate(self.class_names)
             },
+            **({"proposers": {
+                prop: {name: means[p * self.n_cls + i].round(3).tolist()
+                       for i, name in enumerate(self.class_names)}
+                for p, prop in enumerate(self.proposers)}} if self.n_prop > 1 else {}),
         }
 
 

@@ -31,10 +31,12 @@ class Metrics:
         self._labels: dict[str, str] = {}
         self._registry = registry if registry is not None else REGISTRY
         kw = {"registry": self._registry}
+        # `proposer`: who drafted (bounded by the engine's proposers; "none" on steps that
+        # did not speculate).
         self.draft_tokens = Counter(
-            "adaptspec_draft_tokens", "Draft tokens verified", ["class"], **kw)
+            "adaptspec_draft_tokens", "Draft tokens verified", ["class", "proposer"], **kw)
         self.accepted_tokens = Counter(
-            "adaptspec_accepted_tokens", "Draft tokens accepted", ["class"], **kw)
+            "adaptspec_accepted_tokens", "Draft tokens accepted", ["class", "proposer"], **kw)
         self.accepted_per_pos = Counter(
             "adaptspec_accepted_tokens_per_pos",
             "Draft tokens accepted at each draft position", ["class", "position"], **kw)
@@ -42,8 +44,8 @@ class Metrics:
             "adaptspec_draft_tokens_per_pos",
             "Draft tokens verified at each draft position", ["class", "position"], **kw)
         self.steps = Counter(
-            "adaptspec_steps", "Per-request decisions, one per request per step",
-            ["class", "decision"], **kw)
+            "adaptspec_steps", "Per-request decisions, one per request per step, and the "
+            "proposer chosen to draft", ["class", "decision", "proposer"], **kw)
         self.chosen_k = Histogram(
             "adaptspec_chosen_k", "K chosen per request per step", ["class"],
             buckets=[0.5 + k for k in range(max(k_max, 1))] + [float("inf")], **kw)
@@ -121,29 +123,42 @@ class Metrics:
             self.confidence_cut.labels(self.label(name)).inc(n)
 
     def record_fallback(self, class_names: Sequence[str], drafted: Sequence[int],
-                        accepted: Sequence[int]) -> None:
+                        accepted: Sequence[int], proposers: Sequence[str] | None = None
+                        ) -> None:
         """Decisions the controller could not make (a fault outside it): one per request.
 
         The step's drafted and accepted counts are facts about the engine, not the controller,
-        so they are counted still: the draft and acceptance series stay equal to vLLM's own."""
+        so they are counted still: the draft and acceptance series stay equal to vLLM's own.
+        `proposers`: who drafted each request's verified drafts."""
         if not class_names:
             return
         names, cls = np.unique(np.asarray(class_names, dtype=str), return_inverse=True)
+        props, src = np.unique(np.asarray(proposers or ["unknown"] * len(cls), dtype=str),
+                               return_inverse=True)
         self._record_drafts(list(names), cls, np.asarray(drafted, dtype=np.int64),
-                            np.asarray(accepted, dtype=np.int64))
+                            np.asarray(accepted, dtype=np.int64), list(props), src)
         for c, n in enumerate(np.bincount(cls, minlength=len(names))):
-            self.steps.labels(self.label(str(names[c])), "fallback").inc(int(n))
+            self.steps.labels(self.label(str(names[c])), "fallback", "none").inc(int(n))
 
     def _record_drafts(self, names: Sequence[str], cls: np.ndarray, drafted: np.ndarray,
-                       accepted: np.ndarray) -> None:
-        """Drafted and accepted tokens, in total and per position, per class (cls indexes
-        names). Aggregated per class first so the Python work is per class, not per request."""
-        n_cls = len(names)
+                       accepted: np.ndarray, proposers: Sequence[str], src: np.ndarray
+                       ) -> None:
+        """Drafted and accepted tokens, in total per (class, proposer) and per position per
+        class (cls indexes names, src proposers). Aggregated first so the Python work is per
+        class, not per request."""
+        n_cls, n_prop = len(names), len(proposers)
         kk = max(self.k_max, 1)
         d = np.clip(drafted, 0, kk)
         a = np.clip(accepted, 0, d)
+        pair = cls * n_prop + src
+        d_pair = np.bincount(pair, weights=d, minlength=n_cls * n_prop)
+        a_pair = np.bincount(pair, weights=a, minlength=n_cls * n_prop)
+        for i in np.flatnonzero(d_pair):
+            c, p = divmod(int(i), n_prop)
+            labels = (self.label(str(names[c])), proposers[p])
+            self.draft_tokens.labels(*labels).inc(d_pair[i])
+            self.accepted_tokens.labels(*labels).inc(a_pair[i])
         d_sum = np.bincount(cls, weights=d, minlength=n_cls)
-        a_sum = np.bincount(cls, weights=a, minlength=n_cls)
         key_a = np.bincount(cls * (kk + 1) + a, minlength=n_cls * (kk + 1)).reshape(n_cls, kk + 1)
         key_d = np.bincount(cls * (kk + 1) + d, minlength=n_cls * (kk + 1)).reshape(n_cls, kk + 1)
         # position j was accepted by requests with a > j, drafted by those with d > j
@@ -151,26 +166,32 @@ class Metrics:
         dr_pos = np.cumsum(key_d[:, :0:-1], axis=1)[:, ::-1]
         for c in np.flatnonzero(d_sum):
             lab = self.label(str(names[c]))
-            self.draft_tokens.labels(lab).inc(d_sum[c])
-            self.accepted_tokens.labels(lab).inc(a_sum[c])
             for j in np.flatnonzero(dr_pos[c]):
                 self.drafted_per_pos.labels(lab, str(j)).inc(dr_pos[c, j])
                 if acc_pos[c, j]:
                     self.accepted_per_pos.labels(lab, str(j)).inc(acc_pos[c, j])
 
     def record_step(self, ctl: Controller, slots: np.ndarray, drafted: np.ndarray,
-                    accepted: np.ndarray, ks: np.ndarray, kinds: np.ndarray) -> None:
+                    accepted: np.ndarray, ks: np.ndarray, kinds: np.ndarray,
+                    sources: np.ndarray | None = None) -> None:
+        """One step: what was verified (drafted by `sources`, None: the first proposer) and
+        what was decided (K, kind, and ctl.req_proposer for who drafts next)."""
         if slots.size == 0:
             return
         cls = ctl.req_class[slots]
-        n_cls = len(ctl.class_names)
-        self._record_drafts(ctl.class_names, cls, drafted, accepted)
-        dec = np.bincount(cls * 4 + kinds, minlength=n_cls * 4).reshape(n_cls, 4)
+        n_cls, n_prop = len(ctl.class_names), ctl.n_prop
+        src = np.zeros_like(cls) if sources is None else np.asarray(sources, dtype=np.int64)
+        self._record_drafts(ctl.class_names, cls, drafted, accepted, ctl.proposers, src)
+        # Decisions per (class, kind, proposer); the proposer only counts where it drafts.
+        who = np.where(kinds == 0, ctl.req_proposer[slots], n_prop)
+        dec = np.bincount((cls * 4 + kinds) * (n_prop + 1) + who,
+                          minlength=n_cls * 4 * (n_prop + 1)).reshape(n_cls, 4, n_prop + 1)
+        props = (*ctl.proposers, "none")
         means = ctl.estimator.mean()[:, 0]
         for c in np.unique(cls):
             lab = self.label(ctl.class_names[c])
-            for i in np.flatnonzero(dec[c]):
-                self.steps.labels(lab, DECISION_LABELS[i]).inc(dec[c, i])
+            for i, p in zip(*np.nonzero(dec[c]), strict=True):
+                self.steps.labels(lab, DECISION_LABELS[i], props[p]).inc(dec[c, i, p])
             hist = self.chosen_k.labels(lab)
             for k, count in enumerate(np.bincount(ks[cls == c])):
                 for _ in range(int(count)):

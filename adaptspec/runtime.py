@@ -28,12 +28,14 @@ log = logging.getLogger(__name__)
 class AdaptiveRuntime:
     """Per-engine state around one Controller.
 
-    Attributes: policy, k_cap (the engine's num_speculative_tokens), controller, classifier,
-    metrics, classes (request id -> class name), errors (faults absorbed here).
+    Attributes: policy, k_cap (the engine's num_speculative_tokens), proposers (names of the
+    engine's proposers, in the order the engine indexes them), controller, classifier, metrics,
+    classes (request id -> class name), errors (faults absorbed here).
     """
 
     def __init__(self, policy: Policy, *, k_cap: int, metrics: Metrics | None = None,
-                 model: str | None = None, seed: int | None = 0) -> None:
+                 model: str | None = None, seed: int | None = 0,
+                 proposers: Sequence[str] = ("ngram",)) -> None:
         self.policy = policy
         self.k_cap = max(0, int(k_cap))
         self.model = model
@@ -43,7 +45,8 @@ class AdaptiveRuntime:
         # The controller records each step's metrics through a guard, so a failing registry is
         # counted in adaptspec_controller_errors_total like any other fault.
         guarded = None if metrics is None else _MetricsGuard(metrics, self._count_error)
-        self.controller = Controller(policy, metrics=guarded, seed=seed)
+        self.controller = Controller(policy, metrics=guarded, seed=seed, proposers=proposers)
+        self.proposers = self.controller.proposers
         self.fallback_k = min(policy.fallback_k, self.k_cap)
         pay = policy.payoff
         # The guard's account of what speculating steps lost or saved against plain decoding is
@@ -53,6 +56,7 @@ class AdaptiveRuntime:
         self.guard_gates = pay.enabled
         self.classes: dict[str, str] = {}
         self._k: dict[str, int] = {}
+        self._p: dict[str, int] = {}  # proposer per request, with more than one proposer
         self._last_snapshot = time.monotonic()
         if policy.state_file:
             try:
@@ -79,6 +83,7 @@ class AdaptiveRuntime:
     def finish(self, req_id: str) -> None:
         self.classes.pop(req_id, None)
         self._k.pop(req_id, None)
+        self._p.pop(req_id, None)
         try:
             self.controller.remove_request(req_id)
         except Exception:
@@ -88,25 +93,34 @@ class AdaptiveRuntime:
     # ---------------------------------------------------------------- the step
 
     def step(self, req_ids: Sequence[str], drafted: Sequence[int], accepted: Sequence[int],
-             step_time_s: float | None) -> dict[str, int]:
-        """Feed back one engine step; returns the K each of these requests gets next."""
+             step_time_s: float | None, sources: Sequence[int] | None = None
+             ) -> dict[str, int]:
+        """Feed back one engine step; returns the K each of these requests gets next (and
+        `proposer_for` who drafts it). `sources`: the proposer (index into `proposers`) whose
+        drafts each request verified; None: the first."""
         if not req_ids:
             return {}
+        props = None
         try:
             classes = [self.classes.get(r, self.policy.default_class) for r in req_ids]
             allow = self._payoff(req_ids, classes, drafted, accepted, step_time_s)
-            ks = self.controller.step_by_id(
+            ks, props = self.controller.step_by_id(
                 list(req_ids), classes, np.asarray(drafted, dtype=np.int64),
                 np.asarray(accepted, dtype=np.int64), step_time_s, allow_speculation=allow,
+                sources=None if sources is None else np.asarray(sources, dtype=np.int64),
             )
             ks = np.minimum(ks, self.k_cap).tolist()
+            props = props.tolist()
         except Exception:
             self._count_error()
             log.exception("adaptspec: controller step failed; using fallback K=%d", self.fallback_k)
             ks = [self._fallback_for(r) for r in req_ids]
-            self._record_fallback(req_ids, drafted, accepted)
+            props = None
+            self._record_fallback(req_ids, drafted, accepted, sources)
         decided = {r: int(k) for r, k in zip(req_ids, ks, strict=True)}
         self._k.update(decided)
+        if len(self.proposers) > 1:
+            self._p.update(zip(req_ids, props or [0] * len(req_ids), strict=True))
         return decided
 
     def _payoff(self, req_ids: Sequence[str], classes: Sequence[str], drafted: Sequence[int],
@@ -184,6 +198,13 @@ class AdaptiveRuntime:
     def k_map(self) -> dict[str, int]:
         return dict(self._k)
 
+    def proposer_for(self, req_id: str) -> int:
+        """Index of the proposer to draft a request's next step (0 until decided)."""
+        return self._p.get(req_id, 0)
+
+    def proposer_map(self) -> dict[str, int]:
+        return dict(self._p)
+
     def _latency_critical(self, cls: str) -> bool:
         # Dynamic classes (names the policy does not list) have the default class's settings.
         p = self.policy
@@ -214,15 +235,21 @@ class AdaptiveRuntime:
             return False
 
     def _record_fallback(self, req_ids: Sequence[str], drafted: Sequence[int],
-                         accepted: Sequence[int]) -> None:
+                         accepted: Sequence[int], sources: Sequence[int] | None = None) -> None:
         if self.metrics is None:
             return
         try:
             self.metrics.record_fallback(
                 [self.classes.get(r, self.policy.default_class) for r in req_ids],
-                drafted, accepted)
+                drafted, accepted, self._source_names(sources, len(req_ids)))
         except Exception:
             log.exception("adaptspec: metrics failed")
+
+    def _source_names(self, sources: Sequence[int] | None, n: int) -> list[str]:
+        names = self.proposers
+        if sources is None:
+            return [names[0]] * n
+        return [names[min(max(int(s), 0), len(names) - 1)] for s in sources]
 
     def _count_error(self) -> None:
         self.errors += 1
@@ -240,6 +267,7 @@ class AdaptiveRuntime:
     def state_sizes(self) -> dict[str, int]:
         """How much per-request and per-class state is held (bounded by the policy's caps)."""
         return {"requests": len(self.classes), "k_entries": len(self._k),
+                "proposer_entries": len(self._p),
                 "controller_requests": self.controller.num_requests,
                 "controller_classes": len(self.controller.class_names), "errors": self.errors}
 

@@ -29,6 +29,8 @@ SCHEDULER_CLS = "adaptspec_vllm.scheduler.AdaptiveScheduler"
 PROPOSERS = {
     "ngram": "adaptspec_vllm.proposer.NgramProposer",
     "suffix": "adaptspec_vllm.proposer.SuffixProposer",
+    # both, the controller choosing per request and step which one drafts
+    "hybrid": "adaptspec_vllm.proposer.HybridProposer",
 }
 
 
@@ -114,7 +116,8 @@ def serve(argv: Sequence[str]) -> int:
     ap.add_argument("--policy", default=os.environ.get("ADAPTSPEC_POLICY"),
                     help="policy YAML or package.module:NAME (default: $ADAPTSPEC_POLICY)")
     ap.add_argument("--proposer", choices=sorted(PROPOSERS), default="ngram",
-                    help="our proposer, used when --speculative-config is not given")
+                    help="our proposer, used when --speculative-config is not given "
+                         "(hybrid: n-gram and suffix, chosen per request and step)")
     ap.add_argument("--dry-run", action="store_true", help="print the command and exit")
     ns, passthrough = ap.parse_known_args(argv)
     try:

@@ -1,7 +1,11 @@
 """Learned controller state on disk: written atomically, read defensively.
 
 A snapshot holds what took traffic to learn (per-class acceptance evidence and the step-time
-curve), keyed by class name so it survives policy edits that add or reorder classes. It is
+curve), keyed by class name so it survives policy edits that add or reorder classes.
+"proposers" holds the evidence of every proposer the server ran, keyed by proposer name: a
+server restores the proposers it runs and ignores the others. "classes" repeats the first
+proposer's; a file without "proposers" (written before proposers could be mixed) is read as
+the evidence of the server's first proposer. It is
 plain JSON: nothing in it is executed, and a corrupt or foreign file is refused with a warning
 rather than half-applied.
 """
@@ -33,17 +37,21 @@ class SnapshotError(ValueError):
 
 def state_dict(ctl: Controller) -> dict[str, Any]:
     est = ctl.estimator
-    return {
+
+    def evidence(p: int) -> dict[str, dict[str, list[float]]]:
+        return {name: {"succ": est.succ[r].tolist(), "fail": est.fail[r].tolist()}
+                for name, r in ((n, p * ctl.n_cls + i) for i, n in enumerate(ctl.class_names))}
+
+    out = {
         "format": FORMAT,
         "version": VERSION,
         "k_max": est.k_max,
         "steps": ctl.steps,
-        "classes": {
-            name: {"succ": est.succ[i].tolist(), "fail": est.fail[i].tolist()}
-            for i, name in enumerate(ctl.class_names)
-        },
+        "classes": evidence(0),
         "cost_coef_ms": ctl.cost.coef.tolist(),
     }
+    out["proposers"] = {name: evidence(p) for p, name in enumerate(ctl.proposers)}
+    return out
 
 
 def load_state_dict(ctl: Controller, state: dict[str, Any]) -> int:
@@ -61,11 +69,20 @@ def load_state_dict(ctl: Controller, state: dict[str, Any]) -> int:
     if not isinstance(classes, dict):
         raise SnapshotError("snapshot has no 'classes' mapping")
     est = ctl.estimator
+    by_proposer = state.get("proposers")
+    if by_proposer is None:
+        by_proposer = {ctl.proposers[0]: classes}
+    elif not isinstance(by_proposer, dict) or not all(isinstance(v, dict)
+                                                       for v in by_proposer.values()):
+        raise SnapshotError("snapshot 'proposers' must map proposer names to classes")
     updates: list[tuple[int, np.ndarray, np.ndarray]] = []
-    for name, rec in classes.items():
+    restored: set[int] = set()
+    for prop, name, rec in ((p, n, r) for p, cs in by_proposer.items() for n, r in cs.items()):
         idx = ctl._class_index.get(name) if isinstance(name, str) else None
-        if idx is None:
+        if idx is None or prop not in ctl.proposers:
             continue
+        restored.add(idx)
+        idx += ctl.proposers.index(prop) * ctl.n_cls
         try:
             succ = np.asarray(rec["succ"], dtype=float)
             fail = np.asarray(rec["fail"], dtype=float)
@@ -101,7 +118,7 @@ def load_state_dict(ctl: Controller, state: dict[str, Any]) -> int:
         est.fail[idx, :n] = fail
     if coef_arr is not None and ctl.cost.learn:
         ctl.cost.coef = coef_arr
-    return len(updates)
+    return len(restored)
 
 
 def save(ctl: Controller, path: str | Path) -> None:

@@ -40,12 +40,13 @@ ALERTS = EXAMPLES / "prometheus-alerts.yml"
 SCRAPE_CONFIG = EXAMPLES / "prometheus.yml"
 
 # tests/test_vllm_plugin.py's TEST_POLICY with drafting free of cost: acceptance alone decides,
-# so the tiny model (whose steps are too cheap to pay for drafts) really speculates.
+# so the tiny model (whose steps are too cheap to pay for drafts) really speculates. The server
+# runs the hybrid proposer and explores, so the per-proposer panels get both proposers.
 TEST_POLICY = """
 version: 1
 default_class: code
 k_max: 4
-exploration: 0.0
+exploration: 0.2
 hysteresis_steps: 1
 cost_model: {base_ms: 10, per_request_ms: 0.1, per_draft_token_ms: 0.0, spec_overhead_ms: 0.0,
              knee_tokens: 100000, over_knee_ms: 0.0, learn: false}
@@ -320,7 +321,8 @@ def live(tiny_models: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     with open(server_log, "w") as slog, open(prom_log, "w") as plog:
         server = subprocess.Popen(
             [sys.executable, "-m", "adaptspec.cli", "serve", tiny_models["target"],
-             "--policy", str(policy), "--port", str(port), "--dtype", "float32",
+             "--policy", str(policy), "--proposer", "hybrid", "--port", str(port),
+             "--dtype", "float32",
              "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager",
              "--served-model-name", "tiny"],
             stdout=slog, stderr=subprocess.STDOUT,
@@ -394,6 +396,10 @@ def test_series_carry_the_labels_the_panels_group_by(live: dict[str, Any]) -> No
     decisions = {s["metric"]["decision"] for s in _query(
         live, "sum by (decision) (adaptspec_steps_total)")}
     assert {"speculate", "latency_critical", "fallback"} <= decisions
+    # and both of the hybrid's proposers were chosen to draft
+    chosen = {s["metric"]["proposer"] for s in _query(
+        live, 'sum by (proposer) (adaptspec_steps_total{decision="speculate"})')}
+    assert chosen == {"ngram", "suffix"}, chosen
 
 
 @pytest.mark.vllm

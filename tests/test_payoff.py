@@ -214,7 +214,8 @@ def test_runtime_records_why_it_held_and_what_speculation_lost() -> None:
     assert 'adaptspec_payoff_held_steps_total{reason="measure"} 1.0' in text
     assert 'adaptspec_payoff_held_steps_total{reason="budget"} 2.0' in text
     assert "adaptspec_payoff_lost_ms_total 200.0" in text
-    assert 'adaptspec_steps_total{class="code",decision="plain"} 3.0' in text  # 1, 4, 5
+    # steps 1, 4, 5
+    assert 'adaptspec_steps_total{class="code",decision="plain",proposer="none"} 3.0' in text
     assert rt.guard.account_ms < 0
 
 

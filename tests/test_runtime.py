@@ -70,18 +70,19 @@ def test_runtime_faults_give_fallback_but_latency_critical_stays_plain(
     assert rt.errors == 1
     text = metrics_text(reg)
     assert "adaptspec_controller_errors_total 1.0" in text
-    assert 'adaptspec_steps_total{class="code",decision="fallback"} 1.0' in text
-    assert 'adaptspec_steps_total{class="interactive",decision="fallback"} 1.0' in text
+    assert 'adaptspec_steps_total{class="code",decision="fallback",proposer="none"} 1.0' in text
+    assert ('adaptspec_steps_total{class="interactive",decision="fallback",proposer="none"} 1.0'
+            in text)
     # The step's drafts were verified all the same: counted as the controller would count them
     # (the counts must keep matching vLLM's own spec-decode counters, see test_vllm_plugin.py).
-    assert 'adaptspec_draft_tokens_total{class="code"} 3.0' in text
-    assert 'adaptspec_accepted_tokens_total{class="code"} 2.0' in text
+    assert 'adaptspec_draft_tokens_total{class="code",proposer="ngram"} 3.0' in text
+    assert 'adaptspec_accepted_tokens_total{class="code",proposer="ngram"} 2.0' in text
     for pos, acc in ((0, 1.0), (1, 1.0), (2, None)):
         assert f'adaptspec_draft_tokens_per_pos_total{{class="code",position="{pos}"}} 1.0' \
             in text
         line = f'adaptspec_accepted_tokens_per_pos_total{{class="code",position="{pos}"}}'
         assert (f"{line} {acc}" in text) if acc else (line not in text)
-    assert 'adaptspec_draft_tokens_total{class="interactive"}' not in text
+    assert 'adaptspec_draft_tokens_total{class="interactive"' not in text
 
 
 def test_injected_faults_every_nth_step(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -188,14 +189,14 @@ def test_a_second_engine_in_one_process_gets_fresh_series() -> None:
     first.unregister()  # idempotent
     second = Metrics(pol.max_classes, pol.k_max, registry=reg)
     assert "adaptspec_draft_tokens_total{" not in metrics_text(reg)
-    second.record_fallback(["code", "chat", "code"], [2, 1, 4], [2, 0, 1])
+    second.record_fallback(["code", "chat", "code"], [2, 1, 4], [2, 0, 1], ["ngram"] * 3)
     text = metrics_text(reg)
-    assert 'adaptspec_draft_tokens_total{class="code"} 6.0' in text
-    assert 'adaptspec_accepted_tokens_total{class="code"} 3.0' in text
+    assert 'adaptspec_draft_tokens_total{class="code",proposer="ngram"} 6.0' in text
+    assert 'adaptspec_accepted_tokens_total{class="code",proposer="ngram"} 3.0' in text
     assert 'adaptspec_draft_tokens_per_pos_total{class="code",position="1"} 2.0' in text
     assert 'adaptspec_accepted_tokens_per_pos_total{class="code",position="1"} 1.0' in text
-    assert 'adaptspec_steps_total{class="code",decision="fallback"} 2.0' in text
-    assert 'adaptspec_steps_total{class="chat",decision="fallback"} 1.0' in text
+    assert 'adaptspec_steps_total{class="code",decision="fallback",proposer="none"} 2.0' in text
+    assert 'adaptspec_steps_total{class="chat",decision="fallback",proposer="none"} 1.0' in text
 
 
 def test_runtime_cut_shortens_doubtful_drafts_counts_them_and_survives_faults() -> None:

@@ -32,6 +32,7 @@ MAX_TOKENS = 24
 NOISY_TEMPERATURE = 1.5
 OURS_NGRAM = "adaptspec_vllm.proposer.NgramProposer"
 OURS_SUFFIX = "adaptspec_vllm.proposer.SuffixProposer"
+OURS_HYBRID = "adaptspec_vllm.proposer.HybridProposer"
 
 # A fixed step-time curve (a draft token costs 2% of a step), no learning: on the tiny model
 # a step is so cheap that the learned cost model (rightly) turns speculation off for everyone,
@@ -115,6 +116,9 @@ def runs(tiny_models: dict, policy_file: Path, tmp_path_factory: pytest.TempPath
     env = {"ADAPTSPEC_POLICY": str(policy_file)}
     guarded = tmp / "guarded.yaml"
     guarded.write_text(TEST_POLICY.replace("payoff: {enabled: false}", "payoff: {enabled: true}"))
+    # The hybrid explores, so both of its proposers draft within the same batches.
+    exploring = tmp / "exploring.yaml"
+    exploring.write_text(TEST_POLICY.replace("exploration: 0.0", "exploration: 0.3"))
     ours = {"method": "custom_class", "model": OURS_NGRAM, "num_speculative_tokens": 4}
     configs: dict[str, tuple[dict | None, bool, dict]] = {
         "plain": (None, False, {}),
@@ -125,6 +129,9 @@ def runs(tiny_models: dict, policy_file: Path, tmp_path_factory: pytest.TempPath
         "ours_ngram": (ours, True, {}),
         "ours_suffix": ({"method": "custom_class", "model": OURS_SUFFIX,
                          "num_speculative_tokens": 4}, True, {}),
+        "ours_hybrid": ({"method": "custom_class", "model": OURS_HYBRID,
+                         "num_speculative_tokens": 4}, True,
+                        {"ADAPTSPEC_POLICY": str(exploring)}),
         # A controller that raises every 3rd step: fallback K, counted, same tokens.
         "ours_faulty": (ours, True, {"ADAPTSPEC_FAULT": "raise_every=3"}),
         # The payoff guard on, as shipped: it measures plain steps and holds speculation that
@@ -152,7 +159,7 @@ def runs(tiny_models: dict, policy_file: Path, tmp_path_factory: pytest.TempPath
 
 
 @pytest.mark.parametrize("name", ["vllm_ngram", "vllm_draft", "ours_ngram", "ours_suffix",
-                                  "ours_faulty"])
+                                  "ours_hybrid", "ours_faulty"])
 def test_greedy_output_is_token_identical_to_plain(runs: dict, name: str) -> None:
     plain, spec = runs["plain"]["tokens"], runs[name]["tokens"]
     assert len(plain) == len(spec) >= 50
@@ -170,12 +177,31 @@ def test_greedy_output_is_token_identical_to_plain(runs: dict, name: str) -> Non
                                    vllm["vllm:spec_decode_num_accepted_tokens"]), name
 
 
-@pytest.mark.parametrize("name", ["vllm_ngram", "vllm_draft", "ours_ngram", "ours_suffix"])
+@pytest.mark.parametrize("name", ["vllm_ngram", "vllm_draft", "ours_ngram", "ours_suffix",
+                                  "ours_hybrid"])
 def test_latency_critical_class_gets_no_drafts(runs: dict, name: str) -> None:
     rows = per_class(runs[name]["adaptspec"])
     assert rows["interactive"].get("draft_tokens", 0) == 0
     assert rows["interactive"].get("steps_latency_critical", 0) > 0
     assert rows["code"]["draft_tokens"] > 0
+
+
+def test_hybrid_mixes_its_proposers_and_credits_each(runs: dict) -> None:
+    """Both proposers drafted in one engine run, and the per-proposer counts add up to vLLM's
+    own: each verified draft was credited to exactly one proposer."""
+    m = runs["ours_hybrid"]["adaptspec"]
+    by: dict[str, list[float]] = {}
+    for labels, v in m.get("adaptspec_draft_tokens_total", {}).items():
+        by.setdefault(dict(labels)["proposer"], [0.0, 0.0])[0] += v
+    for labels, v in m.get("adaptspec_accepted_tokens_total", {}).items():
+        by.setdefault(dict(labels)["proposer"], [0.0, 0.0])[1] += v
+    assert set(by) == {"ngram", "suffix"}, by
+    assert all(d > 0 for d, _ in by.values()), by
+    chose = {dict(labels)["proposer"] for labels, v in m.get("adaptspec_steps_total", {}).items()
+             if dict(labels)["decision"] == "speculate" and v > 0}
+    assert chose == {"ngram", "suffix"}, chose
+    vllm = runs["ours_hybrid"]["spec"]
+    assert sum(d for d, _ in by.values()) == vllm["vllm:spec_decode_num_draft_tokens"]
 
 
 def test_payoff_guard_in_the_engine_changes_no_token_and_reports(runs: dict) -> None:

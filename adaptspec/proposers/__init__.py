@@ -14,6 +14,10 @@ Contract shared by every proposer (``Proposer``):
   A proposer keeps its own copy and reads only the tokens it has not seen, so a caller may pass a
   row of a reused buffer; a sequence that shrank or changed its last seen token is treated as a
   new request.
+* ``observe(req_id, token_ids)`` keeps the proposer's copy of a request it is not drafting for
+  (a hybrid server drafts each request with one proposer at a time): cheap, no indexing, so a
+  later ``propose`` has the tokens, and the suffix proposer's cross-request corpus gets every
+  request's output, whoever drafted it.
 * ``add_request`` / ``remove_request`` bracket a request's life. A proposer also accepts a
   ``propose`` for a request it was never told about (it then takes the first tokens it sees as
   the prompt), so the hooks are for freeing memory and for telling prompt from output.
@@ -57,6 +61,8 @@ class Proposer(Protocol):
     def remove_request(self, req_id: str) -> None: ...
 
     def propose(self, req_id: str, token_ids: TokenIds, k: int) -> Draft: ...
+
+    def observe(self, req_id: str, token_ids: TokenIds) -> None: ...
 
 
 def as_token_list(token_ids: TokenIds, start: int = 0, stop: int | None = None) -> list[int]:

@@ -116,6 +116,10 @@ class NgramProposer:
         st.draft = []
         return Draft()
 
+    def observe(self, req_id: str, token_ids: TokenIds) -> None:
+        """Append ``token_ids``' unseen tokens to the request's copy; no indexing, no draft."""
+        self._sync(req_id, token_ids)
+
     # -- internals ---------------------------------------------------------------------------
 
     def _store(self, req_id: str, st: _NgramState) -> _NgramState:

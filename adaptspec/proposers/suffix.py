@@ -242,6 +242,10 @@ class SuffixProposer:
             return Draft()
         return self._vote([(t, j) for m, t, j in cands if m == best], best, k)
 
+    def observe(self, req_id: str, token_ids: TokenIds) -> None:
+        """Append ``token_ids``' unseen tokens to the request's copy; no indexing, no draft."""
+        self._sync(req_id, token_ids)
+
     # -- internals ---------------------------------------------------------------------------
 
     def _vote(self, cands: list[tuple[list[int], int]], match: int, k: int) -> Draft:

@@ -2,7 +2,8 @@
 
 Use with ``--speculative-config '{"method": "custom_class",
 "model": "adaptspec_vllm.proposer.NgramProposer", "num_speculative_tokens": 8}'``
-(or ``...proposer.SuffixProposer``).
+(or ``...proposer.SuffixProposer``, or ``...proposer.HybridProposer``: both, the controller
+choosing per request and step which one drafts).
 
 vLLM calls ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`` with rows of the
 input batch but no request ids and no per-request K. One wrapper around the model runner's
@@ -14,6 +15,8 @@ Each draft's confidence (the proposer's own estimate of its per-token acceptance
 the scheduler as an ``adaptspec_confidence`` attribute on the DraftTokenIds that
 ``take_draft_token_ids`` returns: the same object in one process, pickled with its attributes
 across a multiprocess executor. The scheduler lets the controller cut a weak draft shorter.
+The hybrid's drafts carry ``adaptspec_source`` the same way: which proposer drafted each, so
+the controller credits what is verified to the proposer that proposed it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from adaptspec import proposers as core
 # req_ids, k_map and confidences of the step being drafted, per worker thread
 _step = threading.local()
 CONFIDENCE_ATTR = "adaptspec_confidence"
+SOURCE_ATTR = "adaptspec_source"
 
 
 def _install_runner_hook() -> None:
@@ -45,24 +49,27 @@ def _install_runner_hook() -> None:
     def propose_draft_token_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any):
         _step.req_ids = self.input_batch.req_ids
         _step.k_map = getattr(scheduler_output, "adaptspec_k", None)
+        _step.proposer_map = getattr(scheduler_output, "adaptspec_proposer", None)
         _step.confidence = {}
+        _step.source = {}
         try:
             return original(self, scheduler_output, *args, **kwargs)
         finally:
             # Kept on the runner until take_draft_token_ids hands the drafts to the scheduler.
-            self._adaptspec_confidence = _step.confidence
-            _step.req_ids = None
-            _step.k_map = None
-            _step.confidence = None
+            self._adaptspec_extras = {CONFIDENCE_ATTR: _step.confidence, SOURCE_ATTR: _step.source}
+            _step.req_ids = _step.k_map = _step.proposer_map = None
+            _step.confidence = _step.source = None
 
     take = GPUModelRunner.take_draft_token_ids
 
     def take_draft_token_ids(self: Any, *args: Any, **kwargs: Any):
         out = take(self, *args, **kwargs)
-        conf = getattr(self, "_adaptspec_confidence", None)
-        self._adaptspec_confidence = None
-        if out is not None and conf:
-            setattr(out, CONFIDENCE_ATTR, conf)
+        extras = getattr(self, "_adaptspec_extras", None) or {}
+        self._adaptspec_extras = None
+        if out is not None:
+            for attr, value in extras.items():
+                if value:
+                    setattr(out, attr, value)
         return out
 
     propose_draft_token_ids._adaptspec = True  # type: ignore[attr-defined]
@@ -83,6 +90,10 @@ class _AdaptiveProposer:
     def make_core(self) -> core.Proposer:
         raise NotImplementedError
 
+    def draft(self, req_id: str, token_ids: Any, k: int) -> tuple[core.Draft, int]:
+        """One request's draft of up to k tokens, and the index of the proposer that made it."""
+        return self.core.propose(req_id, token_ids, k), 0
+
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """Model-free: nothing to load."""
 
@@ -95,6 +106,7 @@ class _AdaptiveProposer:
             # per-request state to keep, so draft nothing rather than guess.
             return [[] for _ in sampled_token_ids]
         confidence = getattr(_step, "confidence", None)
+        sources = getattr(_step, "source", None)
         drafts: list[list[int]] = []
         for i, sampled in enumerate(sampled_token_ids):
             if not sampled:  # a prefill chunk that produced no token yet
@@ -106,10 +118,12 @@ class _AdaptiveProposer:
                 drafts.append([])
                 continue
             n = int(num_tokens_no_spec[i])
-            draft = self.core.propose(req_id, token_ids_cpu[i, :n], k)
+            draft, source = self.draft(req_id, token_ids_cpu[i, :n], k)
             drafts.append(draft.tokens)
             if confidence is not None and draft.tokens:
                 confidence[req_id] = draft.confidence
+            if sources is not None and draft.tokens:
+                sources[req_id] = source
         self._forget_finished(req_ids)
         return drafts
 
@@ -132,3 +146,45 @@ class SuffixProposer(_AdaptiveProposer):
 
     def make_core(self) -> core.Proposer:
         return core.SuffixProposer()
+
+
+class HybridProposer(_AdaptiveProposer):
+    """The n-gram and suffix proposers in one server; per request and step the controller says
+    which drafts (the scheduler's ``adaptspec_proposer`` map, indexes into NAMES). The others
+    keep their copy of the request's tokens (``observe``), so the suffix proposer's corpus gets
+    every output and a switch needs no catch-up beyond indexing."""
+
+    NAMES = ("ngram", "suffix")
+
+    def make_core(self) -> core.Proposer:
+        self.cores: tuple[core.Proposer, ...] = (core.NgramProposer(min_n=1, max_n=4),
+                                                 core.SuffixProposer())
+        return self.cores[0]
+
+    def draft(self, req_id: str, token_ids: Any, k: int) -> tuple[core.Draft, int]:
+        chosen = getattr(_step, "proposer_map", None) or {}
+        p = min(max(int(chosen.get(req_id, 0)), 0), len(self.cores) - 1)
+        for q, c in enumerate(self.cores):
+            if q != p:
+                c.observe(req_id, token_ids)
+        return self.cores[p].propose(req_id, token_ids, k), p
+
+    def _forget_finished(self, req_ids: list[str]) -> None:
+        current = set(req_ids)
+        for gone in self._live - current:
+            for c in self.cores:
+                c.remove_request(gone)
+        self._live = current
+
+
+def proposer_names(speculative_config: Any) -> tuple[str, ...]:
+    """The proposers a server drafts with, in the order the controller indexes them."""
+    method = getattr(speculative_config, "method", None) or "none"
+    if method == "custom_class":
+        model = str(getattr(speculative_config, "model", "") or "")
+        if model.endswith(".HybridProposer"):
+            return HybridProposer.NAMES
+        if model.endswith(".SuffixProposer"):
+            return ("suffix",)
+        return ("ngram",) if model.endswith(".NgramProposer") else ("custom",)
+    return (method,)

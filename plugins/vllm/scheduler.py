@@ -47,6 +47,8 @@ class AdaptiveScheduler(Scheduler):
         super().__init__(vllm_config, *args, **kwargs)
         self.runtime: AdaptiveRuntime | None = None
         self._step_start: float | None = None
+        # Which proposer drafted each request's pending drafts (a hybrid server's sources).
+        self._source: dict[str, int] = {}
         spec = vllm_config.speculative_config
         if spec is None or not spec.num_speculative_tokens:
             log.warning("adaptspec: no speculative decoding configured; the scheduler is vLLM's")
@@ -70,12 +72,15 @@ class AdaptiveScheduler(Scheduler):
         metrics = _make_metrics(policy)
         names = vllm_config.model_config.served_model_name
         model = names[0] if isinstance(names, list) else names
+        from adaptspec_vllm.proposer import proposer_names
+
         self.runtime = AdaptiveRuntime(
             policy, k_cap=spec.num_speculative_tokens, metrics=metrics, model=model,
+            proposers=proposer_names(spec),
         )
-        log.info("adaptspec: adaptive K on (policy %s, method %s, K <= %d, classes %s)",
-                 source or "<built-in default>", spec.method, self.runtime.k_cap,
-                 sorted(policy.classes))
+        log.info("adaptspec: adaptive K on (policy %s, proposers %s, K <= %d, classes %s)",
+                 source or "<built-in default>", "/".join(self.runtime.proposers),
+                 self.runtime.k_cap, sorted(policy.classes))
 
     # ---------------------------------------------------------------- requests
 
@@ -96,6 +101,7 @@ class AdaptiveScheduler(Scheduler):
         # stop string. Probed at start-up (touchpoints.py).
         if self.runtime is not None:
             self.runtime.finish(request.request_id)
+            self._source.pop(request.request_id, None)
         return super()._free_request(request, *args, **kwargs)
 
     # ---------------------------------------------------------------- the step
@@ -106,6 +112,8 @@ class AdaptiveScheduler(Scheduler):
         if rt is not None:
             # Read by the proposer wrapper on the worker (same process, or pickled with it).
             out.adaptspec_k = rt.k_map()
+            if len(rt.proposers) > 1:
+                out.adaptspec_proposer = rt.proposer_map()
             # vLLM's own proposers (ngram, draft_model, eagle) draft num_spec_tokens_to_schedule
             # tokens for the whole batch (the field vLLM's batch-size schedule sets): no more
             # than the longest K of a scheduled request, so a batch the controller keeps plain
@@ -128,11 +136,13 @@ class AdaptiveScheduler(Scheduler):
             feedback = None
         if feedback is not None:
             req_ids, drafted, accepted, pure_decode = feedback
+            sources = ([self._source.get(r, 0) for r in req_ids] if len(rt.proposers) > 1
+                       else None)
             # Before vLLM's own update: that frees the requests this step finished (finish()),
             # and feeding them back afterwards would re-register them with the controller and
             # leave a K entry behind for every request ever served.
             # Steps that also prefilled say little about the verify cost of the decodes.
-            rt.step(req_ids, drafted, accepted, elapsed if pure_decode else None)
+            rt.step(req_ids, drafted, accepted, elapsed if pure_decode else None, sources)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         rt.maybe_snapshot()
         return outputs
@@ -143,6 +153,8 @@ class AdaptiveScheduler(Scheduler):
         if rt is None:
             return
         confidence = getattr(draft_token_ids, "adaptspec_confidence", None) or {}
+        # What the next step verifies was drafted by these (a hybrid; else the one proposer).
+        self._source.update(getattr(draft_token_ids, "adaptspec_source", None) or {})
         scored: list[Any] = []
         for req_id in draft_token_ids.req_ids:
             request = self.requests.get(req_id)

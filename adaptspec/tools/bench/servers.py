@@ -20,6 +20,7 @@ from adaptspec.tools.promtext import parse_metrics
 
 SCHEDULER = "adaptspec_vllm.scheduler.AdaptiveScheduler"
 OURS_NGRAM = "adaptspec_vllm.proposer.NgramProposer"
+OURS_HYBRID = "adaptspec_vllm.proposer.HybridProposer"
 BENCH_POLICY = shipped_policy("bench")
 
 
@@ -47,9 +48,9 @@ class Sizes:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-# Sized so that the full run (9 servers: none, vLLM ngram K=2/4/8, draft K=2/4, adaptspec over
-# ngram, over draft_model and over our n-gram proposer; 1.5B target in float32 on 2 CPU cores,
-# ~2-8 tokens/s in all) fits in an hour (~45 min): few requests per class, so per-class rows are
+# Sized so that the full run (10 servers: none, vLLM ngram K=2/4/8, draft K=2/4, adaptspec over
+# ngram, over draft_model, over our n-gram proposer and over our hybrid; 1.5B target in float32
+# on 2 CPU cores, ~2-8 tokens/s in all) fits in an hour (~50 min): few requests per class, so per-class rows are
 # indicative. 24 requests at c=16, so that the cell is not one wave of admissions and its tail
 # (with 16, one cell's step time moved 12% between two runs). On CPU a prompt token costs about
 # as much as a request's decode step, so the story excerpts are kept short: with 900 characters,
@@ -76,6 +77,10 @@ def make_configs(draft: str, sizes: Sizes) -> list[Config]:
                adaptive=True, family="draft_model"),
         Config("adaptspec_ours", {"method": "custom_class", "model": OURS_NGRAM,
                                   "num_speculative_tokens": max(sizes.ngram_k)},
+               adaptive=True, family="ours"),
+        # our n-gram and suffix proposers, the controller choosing per request and step
+        Config("adaptspec_hybrid", {"method": "custom_class", "model": OURS_HYBRID,
+                                    "num_speculative_tokens": max(sizes.ngram_k)},
                adaptive=True, family="ours"),
     ]
     return out

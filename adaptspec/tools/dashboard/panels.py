@@ -303,6 +303,21 @@ def class_dashboard() -> Dashboard:
         (Query(f"1 + {_fill(_r(ACC, m), steps)} / {steps}", "tokens per step"),),
         min=1,
     )
+    proposer_share = Panel(
+        "Proposer share",
+        "Which proposer the controller chose to draft $class's speculating request-steps, as a "
+        "share of them (one line per proposer; a server with one proposer shows one line at "
+        "100%).",
+        (Query(f"{_r(STEPS, f'{m},{SPEC}', 'proposer')} / scalar({_r(STEPS, f'{m},{SPEC}')})",
+               "{{proposer}}"),),
+        unit="percentunit", key=True, min=0, max=1,
+    )
+    proposer_acc = Panel(
+        "Acceptance per proposer",
+        "Share of $class's verified draft tokens accepted, per proposer that drafted them.",
+        (Query(f"{_r(ACC, m, 'proposer')} / {_r(DRAFT, m, 'proposer')}", "{{proposer}}"),),
+        unit="percentunit", key=True, min=0, max=1,
+    )
     itl = Panel(
         "Inter-token latency",
         CLASS_ITL_NOTE,
@@ -324,6 +339,7 @@ def class_dashboard() -> Dashboard:
             ("Acceptance", (per_pos, per_pos_bar)),
             ("Draft length", (k_time, k_dist)),
             ("Throughput and latency", (acc_time, tokens, decisions, itl)),
+            ("Proposers", (proposer_share, proposer_acc)),
         ),
         class_variable=True,
     )

@@ -1,0 +1,59 @@
+"""Which proposer drafts for each request: the one expected to get the most tokens accepted.
+
+A server may run several proposers at once (the hybrid: n-gram and suffix lookups, later a draft
+model). The controller keeps acceptance per (class, proposer, position) and per (request,
+proposer); before choosing K it picks, per request, the proposer whose draft of the class's
+longest K would have the most tokens accepted in expectation,
+
+    score(p) = sum_{j < k_max} prod_{l <= j} alpha_p,l,
+
+alpha being the class's posterior mean for p times the request's own factor (as in
+step_reference.decide). Model-free proposers cost the same per draft token (the verify pass
+prices the token, not who proposed it), so at any K the proposer with the higher acceptance
+curve gives more tokens for the same step time, and the K decision that follows prices the
+step for the chosen one. Requests drawn for exploration score each proposer on a Thompson draw
+(normal approximation of each Beta), so a proposer the class has not used for a while, whose
+evidence has decayed back to its prior, gets tried again when the prior says it could pay.
+
+Ties go to the first proposer configured. The maths is numpy over [k_max, n, proposers]: a few
+tens of microseconds for a batch of 256 with two proposers, next to a ~100 us decision.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from adaptspec.fastpath import ALPHA_CAP
+
+
+def choose_proposers(post: np.ndarray, n_cls: int, n_prop: int, cls: np.ndarray,
+                     k_max: np.ndarray, sn: np.ndarray, n0: float, explore: np.ndarray,
+                     z: np.ndarray) -> np.ndarray:
+    """Index of the proposer to draft for each request.
+
+    post [2 kk + 2, rows]: AcceptanceEstimator.posterior_sums over rows p * n_cls + c (rows of
+    the last proposer may stop at the classes registered so far). cls [n]: class per request;
+    k_max [n]: the longest K its class allows (0: it never drafts, gets proposer 0). sn [2, n,
+    n_prop]: each request's record (s, n) per proposer. explore [n] bool: whose scores are drawn;
+    z [explored, kk, n_prop]: standard normals for them.
+    """
+    kk = post.shape[0] // 2 - 1
+    n = cls.shape[0]
+    if n_prop == 1 or n == 0:
+        return np.zeros(n, dtype=np.int64)
+    rows = np.arange(n_prop)[None, :] * n_cls + cls[:, None]  # [n, P]
+    a, t = post[:kk, rows], post[kk: 2 * kk, rows]  # [kk, n, P]
+    mean = a / t
+    level = np.maximum(post[2 * kk, rows] / post[2 * kk + 1, rows], 1e-3)  # [n, P]
+    # The request's own record shrunk toward its class's level, as a factor on the class.
+    f = (sn[0] / level + n0) / (sn[1] + n0)
+    alpha = mean * f[None]
+    drawn = np.flatnonzero(explore)
+    if drawn.size:
+        m = mean[:, drawn]
+        sd = np.sqrt((1.0 - m) * m / (t[:, drawn] + 1.0))
+        alpha[:, drawn] = np.maximum(m + sd * np.moveaxis(z, 0, 1), 0.0)
+    inc = np.multiply.accumulate(np.minimum(alpha, ALPHA_CAP), axis=0)
+    within = np.arange(kk)[:, None] < k_max[None, :]  # [kk, n]
+    score = (inc * within[:, :, None]).sum(axis=0)  # [n, P]
+    return score.argmax(axis=1).astype(np.int64)

@@ -1,0 +1,165 @@
+"""Several proposers in one server: the controller chooses who drafts, per request and step."""
+
+from __future__ import annotations
+
+import numpy as np
+from prometheus_client import CollectorRegistry, generate_latest
+
+from adaptspec import snapshot
+from adaptspec.choose import choose_proposers
+from adaptspec.controller import Controller
+from adaptspec.metrics import Metrics
+from adaptspec.policy import ClassPolicy, CostModel, Policy
+
+CHEAP = CostModel(base_ms=10, per_request_ms=0.5, per_draft_token_ms=0.3, spec_overhead_ms=0.0,
+                  knee_tokens=0, over_knee_ms=0.0, learn=False)
+PROPOSERS = ("ngram", "suffix")
+
+
+def policy(**kw: object) -> Policy:
+    base: dict = {"classes": {"code": ClassPolicy(), "math": ClassPolicy(),
+                              "interactive": ClassPolicy(latency_critical=True)},
+                  "default_class": "code", "cost_model": CHEAP, "exploration": 0.05}
+    base.update(kw)
+    return Policy(**base)
+
+
+def chain(alpha: float, k: int, rng: np.random.Generator) -> int:
+    """Accepted drafts of a draft of k whose every position is accepted with prob alpha."""
+    a = 0
+    while a < k and rng.random() < alpha:
+        a += 1
+    return a
+
+
+def simulate(ctl: Controller, classes: list[str], truth: dict[tuple[str, int], float],
+             steps: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Run `steps` engine steps; truth[(class, proposer)] is the acceptance. Returns the K and
+    proposer chosen at each step, [steps, requests]."""
+    rng = np.random.default_rng(seed)
+    slots = np.array([ctl.add_request(f"r{i}", c) for i, c in enumerate(classes)])
+    ks = np.zeros(len(slots), dtype=np.int64)
+    props = np.zeros(len(slots), dtype=np.int64)
+    k_hist, p_hist = [], []
+    for _ in range(steps):
+        acc = np.array([chain(truth[(c, int(p))], int(k), rng)
+                        for c, k, p in zip(classes, ks, props, strict=True)])
+        ks = ctl.step(slots, ks, acc, 0.01, sources=props)
+        props = ctl.req_proposer[slots].copy()
+        k_hist.append(ks.copy())
+        p_hist.append(props.copy())
+    return np.array(k_hist), np.array(p_hist)
+
+
+def test_each_class_gets_the_proposer_that_pays_for_it() -> None:
+    """n-gram pays on code, the other on math (shared/MODELS.md measured such a split between
+    n-gram and a draft model): the controller learns both, per class, from what it verifies."""
+    ctl = Controller(policy(), seed=0, proposers=PROPOSERS)
+    classes = ["code"] * 3 + ["math"] * 3
+    truth = {("code", 0): 0.9, ("code", 1): 0.2, ("math", 0): 0.1, ("math", 1): 0.9}
+    ks, props = simulate(ctl, classes, truth, 400)
+    late_p, late_k = props[-150:], ks[-150:]
+    drafting = late_k > 0
+    code_on_ngram = (late_p[:, :3][drafting[:, :3]] == 0).mean()
+    math_on_other = (late_p[:, 3:][drafting[:, 3:]] == 1).mean()
+    # exploration (5% of requests draw their scores) may pick the other now and then
+    assert code_on_ngram > 0.85 and math_on_other > 0.85, (code_on_ngram, math_on_other)
+    assert late_k.mean() > 2.0  # and both classes speculate, each with its good proposer
+    means = ctl.estimator.mean()
+    code, math = ctl.class_index("code"), ctl.class_index("math")
+    assert means[code, 0] > 0.8 and means[ctl.n_cls + math, 0] > 0.8
+
+
+def test_one_proposer_that_fails_everywhere_is_left_for_the_other() -> None:
+    ctl = Controller(policy(), seed=1, proposers=PROPOSERS)
+    truth = {("code", 0): 0.05, ("code", 1): 0.85}
+    ks, props = simulate(ctl, ["code"] * 4, truth, 300)
+    assert (props[-100:][ks[-100:] > 0] == 1).mean() > 0.85
+
+
+def test_feedback_is_credited_to_the_proposer_that_drafted() -> None:
+    ctl = Controller(policy(exploration=0.0), seed=0, proposers=PROPOSERS)
+    slot = ctl.add_request("a", "math")
+    row0, row1 = ctl.rows(ctl.class_index("math"))
+    before0, before1 = ctl.estimator.succ[row0].copy(), ctl.estimator.succ[row1].copy()
+    ctl.step(np.array([slot]), np.array([3]), np.array([3]), 0.01, sources=np.array([1]))
+    assert (ctl.estimator.succ[row1][:3] > before1[:3]).all()
+    assert (ctl.estimator.succ[row0] <= before0).all()  # only decayed
+    # the request's own record is per proposer too
+    assert ctl.requests.sn[0, slot * 2 + 1] == 3 and ctl.requests.sn[0, slot * 2] == 0
+
+
+def test_latency_critical_requests_never_draft_with_any_proposer() -> None:
+    # (a wide slack, so the others may draft beside them)
+    ctl = Controller(policy(latency_critical_slack=0.5), seed=0, proposers=PROPOSERS)
+    truth = {(c, p): 0.95 for c in ("code", "interactive") for p in (0, 1)}
+    ks, _ = simulate(ctl, ["code", "interactive"] * 2, truth, 100)
+    assert ks[:, 1::2].max() == 0 and ks[:, ::2].mean() > 1
+
+
+def test_choice_scores_the_expected_accepted_tokens() -> None:
+    """Per request: argmax over proposers of sum_j prod_{l<=j} alpha_l over the class's K,
+    alpha = class posterior x the request's own factor; checked against a plain loop."""
+    rng = np.random.default_rng(3)
+    kk, n_cls, n_prop, n = 4, 3, 2, 40
+    a = rng.uniform(0.5, 20, (n_prop * n_cls, kk))
+    b = rng.uniform(0.5, 20, (n_prop * n_cls, kk))
+    post = np.vstack([a.T, (a + b).T, a.sum(1), (a + b).sum(1)])
+    cls = rng.integers(0, n_cls, n)
+    k_max = rng.integers(0, kk + 1, n)
+    sn = np.abs(rng.normal(3, 2, (2, n, n_prop)))
+    sn[1] += sn[0]
+    n0 = 6.0
+    got = choose_proposers(post, n_cls, n_prop, cls, k_max, sn, n0, np.zeros(n, bool),
+                           np.zeros((0, kk, n_prop)))
+    for i in range(n):
+        scores = []
+        for p in range(n_prop):
+            r = p * n_cls + cls[i]
+            level = max(post[2 * kk, r] / post[2 * kk + 1, r], 1e-3)
+            f = (sn[0, i, p] + n0 * level) / (sn[1, i, p] + n0) / level
+            prod, total = 1.0, 0.0
+            for j in range(k_max[i]):
+                prod *= min(a[r, j] / (a[r, j] + b[r, j]) * f, 0.995)
+                total += prod
+            scores.append(total)
+        assert got[i] == int(np.argmax(scores)), (i, scores)
+
+
+def test_snapshot_keeps_each_proposers_evidence() -> None:
+    ctl = Controller(policy(), seed=0, proposers=PROPOSERS)
+    simulate(ctl, ["code", "math"], {("code", 0): 0.9, ("code", 1): 0.3, ("math", 0): 0.2,
+                                     ("math", 1): 0.8}, 60)
+    state = snapshot.state_dict(ctl)
+    fresh = Controller(policy(), seed=0, proposers=PROPOSERS)
+    assert snapshot.load_state_dict(fresh, state) == len(ctl.class_names)
+    np.testing.assert_array_equal(fresh.estimator.succ, ctl.estimator.succ)
+    np.testing.assert_array_equal(fresh.estimator.fail, ctl.estimator.fail)
+    # a one-proposer server reads its proposer's evidence from the same file, and a hybrid
+    # reads a one-proposer snapshot into that proposer
+    single = Controller(policy(), seed=0, proposers=("suffix",))
+    snapshot.load_state_dict(single, state)
+    math = ctl.class_index("math")
+    np.testing.assert_array_equal(single.estimator.succ[single.class_index("math")],
+                                  ctl.estimator.succ[ctl.n_cls + math])
+    back = Controller(policy(), seed=0, proposers=PROPOSERS)
+    snapshot.load_state_dict(back, snapshot.state_dict(single))
+    np.testing.assert_array_equal(back.estimator.succ[back.n_cls + math],
+                                  single.estimator.succ[single.class_index("math")])
+
+
+def test_metrics_say_which_proposer_drafted_and_which_was_chosen() -> None:
+    pol = policy(exploration=0.0, latency_critical_slack=0.5)
+    reg = CollectorRegistry()
+    ctl = Controller(pol, seed=0, proposers=PROPOSERS,
+                     metrics=Metrics(pol.max_classes, pol.k_max, registry=reg))
+    slots = np.array([ctl.add_request("a", "code"), ctl.add_request("b", "interactive")])
+    ctl.step(slots, np.array([4, 0]), np.array([2, 0]), 0.01, sources=np.array([1, 0]))
+    text = generate_latest(reg).decode()
+    assert 'adaptspec_draft_tokens_total{class="code",proposer="suffix"} 4.0' in text
+    assert 'adaptspec_accepted_tokens_total{class="code",proposer="suffix"} 2.0' in text
+    chosen = PROPOSERS[int(ctl.req_proposer[slots[0]])]
+    assert (f'adaptspec_steps_total{{class="code",decision="speculate",proposer="{chosen}"}} '
+            '1.0') in text
+    assert ('adaptspec_steps_total{class="interactive",decision="latency_critical",'
+            'proposer="none"} 1.0') in text
