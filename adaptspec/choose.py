@@ -11,7 +11,11 @@ alpha being the class's posterior mean for p times the request's own factor (as 
 step_reference.decide). Model-free proposers cost the same per draft token (the verify pass
 prices the token, not who proposed it), so at any K the proposer with the higher acceptance
 curve gives more tokens for the same step time, and the K decision that follows prices the
-step for the chosen one. Requests drawn for exploration score each proposer on a Thompson draw
+step for the chosen one. A proposer that runs a model (the hybrid's draft model) also costs a
+forward pass per draft token, which the verify-step model does not see: its increments count
+only by how much they exceed that pass's cost in tokens (the tokens the batch would have made
+in that time), and the controller then drafts it only as far as an increment still pays for
+its pass. Requests drawn for exploration score each proposer on a Thompson draw
 (normal approximation of each Beta), so a proposer the class has not used for a while, whose
 evidence has decayed back to its prior, gets tried again when the prior says it could pay.
 
@@ -28,14 +32,16 @@ from adaptspec.fastpath import ALPHA_CAP
 
 def choose_proposers(post: np.ndarray, n_cls: int, n_prop: int, cls: np.ndarray,
                      k_max: np.ndarray, sn: np.ndarray, n0: float, explore: np.ndarray,
-                     z: np.ndarray) -> np.ndarray:
+                     z: np.ndarray, pass_tokens: np.ndarray | None = None) -> np.ndarray:
     """Index of the proposer to draft for each request.
 
     post [2 kk + 2, rows]: AcceptanceEstimator.posterior_sums over rows p * n_cls + c (rows of
     the last proposer may stop at the classes registered so far). cls [n]: class per request;
     k_max [n]: the longest K its class allows (0: it never drafts, gets proposer 0). sn [2, n,
     n_prop]: each request's record (s, n) per proposer. explore [n] bool: whose scores are drawn;
-    z [explored, kk, n_prop]: standard normals for them.
+    z [explored, kk, n_prop]: standard normals for them. pass_tokens [n_prop] (None: all 0):
+    what one draft token of each proposer costs beyond the verify pass, in tokens (a draft
+    model's forward pass); a position counts only by how much its increment exceeds it.
     """
     kk = post.shape[0] // 2 - 1
     n = cls.shape[0]
@@ -55,5 +61,7 @@ def choose_proposers(post: np.ndarray, n_cls: int, n_prop: int, cls: np.ndarray,
         alpha[:, drawn] = np.maximum(m + sd * np.moveaxis(z, 0, 1), 0.0)
     inc = np.multiply.accumulate(np.minimum(alpha, ALPHA_CAP), axis=0)
     within = np.arange(kk)[:, None] < k_max[None, :]  # [kk, n]
+    if pass_tokens is not None:
+        inc = np.maximum(inc - pass_tokens[None, None, :], 0.0)
     score = (inc * within[:, :, None]).sum(axis=0)  # [n, P]
     return score.argmax(axis=1).astype(np.int64)

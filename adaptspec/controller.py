@@ -84,6 +84,12 @@ class Controller:
         self._free = list(range(cap - 1, -1, -1))
         self.req_class = np.zeros(cap, dtype=np.int64)
         self.req_proposer = np.zeros(cap, dtype=np.int64)
+        self.req_k = np.zeros(cap, dtype=np.int64)  # K decided at its last step
+        # A proposer that runs a model (the hybrid's draft model) costs time per forward pass,
+        # one per draft token: ms per pass as the worker measured it (running mean), 0 for the
+        # model-free ones. The verify-step model (cost) does not see these passes.
+        self.pass_ms = np.zeros(n_prop)
+        self.pass_n = np.zeros(n_prop)
         self.req_last_step = np.zeros(cap)
         self.req_prev_k = np.zeros(cap, dtype=np.int64)
         self.req_votes = np.zeros(cap, dtype=np.int64)
@@ -123,6 +129,15 @@ class Controller:
             self._row_kind[row] = self.cls_kind[idx]
             self._row_slo_ms[row] = self.cls_slo_ms[idx]
             self.estimator.set_prior(row, p.prior_vector(settings), cfg.prior_strength)
+
+    def record_pass_cost(self, proposer: int, ms: float, passes: int) -> None:
+        """The worker's measurement of a proposer's model passes for one step's drafts."""
+        if passes <= 0 or not np.isfinite(ms) or ms < 0:
+            return
+        self.pass_n[proposer] += passes
+        # The mean of the first 64 passes' worth, then a moving average over about as many.
+        w = passes / min(self.pass_n[proposer], 64.0 + passes)
+        self.pass_ms[proposer] += w * (ms / passes - self.pass_ms[proposer])
 
     def rows(self, cls: int) -> list[int]:
         """The estimator rows of a class, one per proposer (in self.proposers' order)."""
@@ -263,10 +278,16 @@ class Controller:
                                          slots * n_prop + src, drafted, accepted)
         if step_time_s is not None and step_time_s > 0:
             self.last_step_ms = step_time_s * 1e3
-            self.cost.partial_fit(n, spec_tokens, longest, self.last_step_ms)
+            # The measured step also ran the passes of a model proposer for the drafts it
+            # proposed (K decided last step for who it was chosen for): the verify-step model
+            # learns the step without them.
+            passes = self.pass_ms[self.req_proposer[slots]] * self.req_k[slots]
+            verify_ms = self.last_step_ms - float(passes.sum())
+            if verify_ms > 0:
+                self.cost.partial_fit(n, spec_tokens, longest, verify_ms)
 
         p, kk = self.policy, self.k_max
-        self.req_proposer[slots] = 0
+        self.req_proposer[slots] = self.req_k[slots] = 0
         if kk == 0 or not np.count_nonzero(self.cls_k_max[cls]):  # no request may draft
             return np.zeros(n, dtype=np.int64), self.cls_kind[cls]
         explore, z = _NOBODY, _NO_DRAWS
@@ -279,12 +300,18 @@ class Controller:
                 z = self.rng.standard_normal((m, kk))
         post = self.estimator.posterior_sums()
         rows = cls
+        pass_tokens = None
         if n_prop > 1:
+            if self.pass_ms.any():
+                # A pass of c ms delays every request in the batch: it costs the tokens the
+                # batch makes in c ms of plain decoding.
+                plain_ms = float(fastpath.step_time(self.cost.coef, n, 0.0, 0.0, self.cost.knee))
+                pass_tokens = self.pass_ms * n / max(plain_ms, 1e-6)
             recs = slots[:, None] * n_prop + np.arange(n_prop)[None, :]
             zp = self.rng.standard_normal((len(z), kk, n_prop)) if len(z) else _NO_DRAWS
             choice = choose_proposers(post, self.n_cls, n_prop, cls, self.cls_k_max[cls],
                                       self.requests.sn[:, recs], self.requests.shrinkage,
-                                      explore, zp)
+                                      explore, zp, pass_tokens)
             self.req_proposer[slots] = choice
             rows = choice * self.n_cls + cls
             sn = self.requests.sn[:, slots * n_prop + choice]
@@ -293,6 +320,14 @@ class Controller:
             self.requests.shrinkage, sn, rows, explore, z, self.cost.coef, self.cost.knee,
             p.latency_critical_slack, p.hysteresis_steps, self.req_prev_k, self.req_votes,
             slots)
+        if pass_tokens is not None:
+            # The plan priced the verify pass; a model proposer's draft token also costs its
+            # pass: it is drafted only while its expected gain (its increment) pays for that.
+            cost = pass_tokens[self.req_proposer[slots]]
+            worth = (inc >= cost[None, :]).sum(axis=0)
+            ks = np.where(cost > 0, np.minimum(ks, np.maximum(worth, self.cls_k_min[cls])), ks)
+            kinds = np.where(ks > 0, 0, np.where(kinds == 0, 1, kinds))
+        self.req_k[slots] = ks
         self._last_cut = (slots, rows, inc, threshold)
         return ks, kinds
 

@@ -80,12 +80,21 @@ class Metrics:
             "adaptspec_payoff_account_ms", "The payoff guard's account (speculation allowed "
             "while positive)", multiprocess_mode="mostrecent", **kw)
 
+        self.draft_passes = Counter(
+            "adaptspec_draft_model_passes", "Forward passes of the hybrid's draft model (none "
+            "in a step where no request drafts with it)", **kw)
+        self.catchup_tokens = Counter(
+            "adaptspec_draft_model_catchup_tokens", "Tokens the hybrid's draft model fed to "
+            "bring a request's cache up to date (after idle steps, rejected drafts, prompts)",
+            **kw)
+
     def unregister(self) -> None:
         """Take these series out of their registry, so another Metrics may take the names."""
         for c in (self.draft_tokens, self.accepted_tokens, self.accepted_per_pos,
                   self.drafted_per_pos, self.steps, self.chosen_k, self.acceptance,
                   self.confidence_cut, self.errors, self.step_time, self.payoff_held,
-                  self.payoff_lost, self.payoff_saved, self.payoff_account):
+                  self.payoff_lost, self.payoff_saved, self.payoff_account, self.draft_passes,
+                  self.catchup_tokens):
             try:
                 self._registry.unregister(c)
             except KeyError:  # already out
@@ -116,6 +125,10 @@ class Metrics:
                 self.payoff_saved.inc(-loss_ms)
         if account_ms is not None:
             self.payoff_account.set(account_ms)
+
+    def record_draft_model(self, passes: int, catchup_tokens: int) -> None:
+        self.draft_passes.inc(max(int(passes), 0))
+        self.catchup_tokens.inc(max(int(catchup_tokens), 0))
 
     def record_confidence_cut(self, removed: dict[str, int]) -> None:
         """Draft tokens dropped per class name by Controller.cut."""

@@ -198,6 +198,18 @@ class AdaptiveRuntime:
     def k_map(self) -> dict[str, int]:
         return dict(self._k)
 
+    def record_draft_cost(self, ms: float, passes: int, catchup_tokens: int = 0) -> None:
+        """What the draft model ran for the drafts just proposed (a hybrid with a draft model):
+        its time, its forward passes and the tokens it caught up on."""
+        try:
+            if "draft" in self.proposers:
+                self.controller.record_pass_cost(self.proposers.index("draft"), ms, passes)
+            if self.metrics is not None:
+                self.metrics.record_draft_model(passes, catchup_tokens)
+        except Exception:
+            self._count_error()
+            log.exception("adaptspec: recording the draft model's cost failed")
+
     def proposer_for(self, req_id: str) -> int:
         """Index of the proposer to draft a request's next step (0 until decided)."""
         return self._p.get(req_id, 0)

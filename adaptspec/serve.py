@@ -118,8 +118,17 @@ def serve(argv: Sequence[str]) -> int:
     ap.add_argument("--proposer", choices=sorted(PROPOSERS), default="ngram",
                     help="our proposer, used when --speculative-config is not given "
                          "(hybrid: n-gram and suffix, chosen per request and step)")
+    ap.add_argument("--draft", default=None, metavar="DRAFT_MODEL",
+                    help="a draft model folder (same tokenizer as MODEL): serve the hybrid "
+                         "proposer with it beside the n-gram and suffix proposers")
     ap.add_argument("--dry-run", action="store_true", help="print the command and exit")
     ns, passthrough = ap.parse_known_args(argv)
+    if ns.draft is not None:
+        if not (Path(ns.draft) / "config.json").is_file():
+            print(f"adaptspec serve: --draft {ns.draft}: not a model folder (no config.json)",
+                  file=sys.stderr)
+            return 2
+        ns.proposer = "hybrid"
     try:
         policy = load_policy(ns.policy)
         cmd = build_command(ns.model, passthrough, policy, ns.proposer)
@@ -133,6 +142,8 @@ def serve(argv: Sequence[str]) -> int:
     if ns.policy:
         env["ADAPTSPEC_POLICY"] = str(Path(ns.policy).resolve()) if Path(ns.policy).exists() \
             else ns.policy
+    if ns.draft is not None:
+        env["ADAPTSPEC_DRAFT_MODEL"] = str(Path(ns.draft).resolve())
     if ns.dry_run:
         print(" ".join(cmd))
         return 0

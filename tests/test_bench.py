@@ -89,6 +89,27 @@ def test_adaptive_k_distribution_comes_from_histogram_deltas() -> None:
     assert row["draft_acceptance"] == pytest.approx(0.8)
 
 
+def test_proposer_shares_per_class_and_their_table() -> None:
+    cell = _cell([_req("a", "code", [1, 2], [0.1, 0.2], [1, 1]),
+                  _req("b", "math", [1, 2], [0.1, 0.2], [1, 1])])
+    cell["k_hist_after"] = {"code": {"+Inf": 1.0}, "math": {"+Inf": 1.0}}
+    cell["class_before"] = {"code": {"speculate_ngram": 2.0}}
+    cell["class_after"] = {"code": {"speculate_ngram": 8.0, "speculate_suffix": 2.0},
+                           "math": {"speculate_draft": 5.0}}
+    classes = report.summarize_cell(cell, static_k=None)["classes"]
+    assert classes["code"]["proposer_share"] == {"ngram": 0.75, "suffix": 0.25}
+    assert classes["math"]["proposer_share"] == {"draft": 1.0}
+    summary = {"none": {4: report.summarize_cell(_cell(cell["requests"]), static_k=None)},
+               "adaptspec_hybrid": {4: {"classes": classes}}}
+    table = report.proposer_table(summary).splitlines()
+    assert table[0].startswith("adaptspec_hybrid: proposer chosen per class")
+    assert table[2].split() == ["code", "ngram", "75%", "suffix", "25%"]
+    assert table[3].split() == ["math", "draft", "100%"]
+    # a one-proposer configuration gets no table
+    summary["adaptspec_hybrid"][4]["classes"]["code"]["proposer_share"] = {"ngram": 1.0}
+    assert report.proposer_table(summary) == ""
+
+
 def test_greedy_gate_flags_only_greedy_differences() -> None:
     ref = {1: _cell([_req("g", "code", [1, 2, 3], [], []),
                      _req("s", "code", [7, 8], [], [], temperature=0.7)])}

@@ -163,3 +163,50 @@ def test_metrics_say_which_proposer_drafted_and_which_was_chosen() -> None:
             '1.0') in text
     assert ('adaptspec_steps_total{class="interactive",decision="latency_critical",'
             'proposer="none"} 1.0') in text
+
+
+def _with_draft(pass_ms: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray, Controller]:
+    """Three proposers, the third a model (its passes cost pass_ms each, as the worker would
+    report them); math accepts 0.95 from the draft model, 0.1 from the others."""
+    # The verify-step model learns (from the policy's curve, which is the truth below).
+    ctl = Controller(policy(cost_model=CHEAP.model_copy(update={"learn": True})), seed=seed,
+                     proposers=PROPOSERS + ("draft",))
+    truth = {("math", 0): 0.1, ("math", 1): 0.1, ("math", 2): 0.95}
+    rng = np.random.default_rng(seed)
+    slots = np.array([ctl.add_request(f"r{i}", "math") for i in range(4)])
+    ks = np.zeros(4, dtype=np.int64)
+    props = np.zeros(4, dtype=np.int64)
+    k_hist, p_hist = [], []
+    for _ in range(300):
+        acc = np.array([chain(truth[("math", int(p))], int(k), rng)
+                        for k, p in zip(ks, props, strict=True)])
+        passes = int(ks[props == 2].sum())
+        if passes:
+            ctl.record_pass_cost(2, pass_ms * passes, passes)
+        verify_ms = 10 + 0.5 * len(ks) + 0.3 * ks.sum()  # CHEAP's curve
+        ks = ctl.step(slots, ks, acc, (verify_ms + pass_ms * passes) / 1e3, sources=props)
+        props = ctl.req_proposer[slots].copy()
+        k_hist.append(ks.copy())
+        p_hist.append(props.copy())
+    return np.array(k_hist), np.array(p_hist), ctl
+
+
+def test_a_draft_model_that_pays_for_its_passes_is_chosen() -> None:
+    ks, props, ctl = _with_draft(pass_ms=0.5)  # a pass costs 1/24 of a ~12 ms step
+    late = props[-100:][ks[-100:] > 0]
+    assert late.size > 300 and (late == 2).mean() > 0.85
+    assert ks[-100:].mean() > 2.5
+    assert abs(ctl.pass_ms[2] - 0.5) < 1e-9
+    # the verify-step model learned the step without the passes: at 4 requests and 16 draft
+    # tokens the truth is 16.8 ms, and the measured steps were 8 ms longer (16 passes)
+    from adaptspec.fastpath import step_time
+
+    predicted = float(step_time(ctl.cost.coef, 4.0, 16.0, 4.0, ctl.cost.knee))
+    assert abs(predicted - 16.8) < 1.5, (predicted, ctl.cost.coef)
+
+
+def test_a_draft_model_whose_passes_cost_more_than_they_save_is_left_idle() -> None:
+    # a pass costs as much as a whole step: a draft token (worth < 1 token) never pays for it
+    ks, props, _ = _with_draft(pass_ms=12.0)
+    drafting_with_model = ((props[-100:] == 2) & (ks[-100:] > 0)).sum()
+    assert drafting_with_model <= 0.05 * ks[-100:].size, drafting_with_model

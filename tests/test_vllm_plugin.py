@@ -119,6 +119,9 @@ def runs(tiny_models: dict, policy_file: Path, tmp_path_factory: pytest.TempPath
     # The hybrid explores, so both of its proposers draft within the same batches.
     exploring = tmp / "exploring.yaml"
     exploring.write_text(TEST_POLICY.replace("exploration: 0.0", "exploration: 0.3"))
+    idle = tmp / "idle.yaml"
+    idle.write_text(TEST_POLICY.replace("code: {prior_acceptance: 0.6, prior_strength: 2}",
+                                        "code: {latency_critical: true}"))
     ours = {"method": "custom_class", "model": OURS_NGRAM, "num_speculative_tokens": 4}
     configs: dict[str, tuple[dict | None, bool, dict]] = {
         "plain": (None, False, {}),
@@ -132,6 +135,15 @@ def runs(tiny_models: dict, policy_file: Path, tmp_path_factory: pytest.TempPath
         "ours_hybrid": ({"method": "custom_class", "model": OURS_HYBRID,
                          "num_speculative_tokens": 4}, True,
                         {"ADAPTSPEC_POLICY": str(exploring)}),
+        # ... with the tiny draft model as a third proposer (`adaptspec serve --draft`)
+        "ours_hybrid_draft": ({"method": "custom_class", "model": OURS_HYBRID,
+                               "num_speculative_tokens": 4}, True,
+                              {"ADAPTSPEC_POLICY": str(exploring),
+                               "ADAPTSPEC_DRAFT_MODEL": draft}),
+        # ... where no class may draft: the draft model must run no pass at all
+        "ours_hybrid_idle": ({"method": "custom_class", "model": OURS_HYBRID,
+                              "num_speculative_tokens": 4}, True,
+                             {"ADAPTSPEC_POLICY": str(idle), "ADAPTSPEC_DRAFT_MODEL": draft}),
         # A controller that raises every 3rd step: fallback K, counted, same tokens.
         "ours_faulty": (ours, True, {"ADAPTSPEC_FAULT": "raise_every=3"}),
         # The payoff guard on, as shipped: it measures plain steps and holds speculation that
@@ -159,7 +171,7 @@ def runs(tiny_models: dict, policy_file: Path, tmp_path_factory: pytest.TempPath
 
 
 @pytest.mark.parametrize("name", ["vllm_ngram", "vllm_draft", "ours_ngram", "ours_suffix",
-                                  "ours_hybrid", "ours_faulty"])
+                                  "ours_hybrid", "ours_hybrid_draft", "ours_faulty"])
 def test_greedy_output_is_token_identical_to_plain(runs: dict, name: str) -> None:
     plain, spec = runs["plain"]["tokens"], runs[name]["tokens"]
     assert len(plain) == len(spec) >= 50
@@ -178,7 +190,7 @@ def test_greedy_output_is_token_identical_to_plain(runs: dict, name: str) -> Non
 
 
 @pytest.mark.parametrize("name", ["vllm_ngram", "vllm_draft", "ours_ngram", "ours_suffix",
-                                  "ours_hybrid"])
+                                  "ours_hybrid", "ours_hybrid_draft"])
 def test_latency_critical_class_gets_no_drafts(runs: dict, name: str) -> None:
     rows = per_class(runs[name]["adaptspec"])
     assert rows["interactive"].get("draft_tokens", 0) == 0
@@ -186,22 +198,36 @@ def test_latency_critical_class_gets_no_drafts(runs: dict, name: str) -> None:
     assert rows["code"]["draft_tokens"] > 0
 
 
-def test_hybrid_mixes_its_proposers_and_credits_each(runs: dict) -> None:
-    """Both proposers drafted in one engine run, and the per-proposer counts add up to vLLM's
+@pytest.mark.parametrize("name, proposers", [("ours_hybrid", {"ngram", "suffix"}),
+                                             ("ours_hybrid_draft", {"ngram", "suffix", "draft"})])
+def test_hybrid_mixes_its_proposers_and_credits_each(runs: dict, name: str,
+                                                     proposers: set[str]) -> None:
+    """Every proposer drafted in one engine run, and the per-proposer counts add up to vLLM's
     own: each verified draft was credited to exactly one proposer."""
-    m = runs["ours_hybrid"]["adaptspec"]
+    m = runs[name]["adaptspec"]
     by: dict[str, list[float]] = {}
     for labels, v in m.get("adaptspec_draft_tokens_total", {}).items():
         by.setdefault(dict(labels)["proposer"], [0.0, 0.0])[0] += v
     for labels, v in m.get("adaptspec_accepted_tokens_total", {}).items():
         by.setdefault(dict(labels)["proposer"], [0.0, 0.0])[1] += v
-    assert set(by) == {"ngram", "suffix"}, by
+    assert set(by) == proposers, by
     assert all(d > 0 for d, _ in by.values()), by
     chose = {dict(labels)["proposer"] for labels, v in m.get("adaptspec_steps_total", {}).items()
              if dict(labels)["decision"] == "speculate" and v > 0}
-    assert chose == {"ngram", "suffix"}, chose
-    vllm = runs["ours_hybrid"]["spec"]
+    assert chose == proposers, chose
+    vllm = runs[name]["spec"]
     assert sum(d for d, _ in by.values()) == vllm["vllm:spec_decode_num_draft_tokens"]
+    assert sum(a for _, a in by.values()) == vllm["vllm:spec_decode_num_accepted_tokens"]
+    passes = sum(m.get("adaptspec_draft_model_passes_total", {}).values())
+    assert (passes > 0) == ("draft" in proposers), passes
+
+
+def test_an_idle_draft_model_runs_no_pass(runs: dict) -> None:
+    """No class may draft: the hybrid's draft model is loaded but runs nothing."""
+    m = runs["ours_hybrid_idle"]["adaptspec"]
+    assert sum(m.get("adaptspec_draft_model_passes_total", {}).values()) == 0
+    assert sum(m.get("adaptspec_draft_tokens_total", {}).values()) == 0
+    assert runs["ours_hybrid_idle"]["tokens"] == runs["plain"]["tokens"]
 
 
 def test_payoff_guard_in_the_engine_changes_no_token_and_reports(runs: dict) -> None:
@@ -344,12 +370,23 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
-def test_adaptspec_serve_end_to_end(tiny_models: dict, policy_file: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("draft", [False, True], ids=["ngram", "hybrid_draft"])
+def test_adaptspec_serve_end_to_end(tiny_models: dict, policy_file: Path, tmp_path: Path,
+                                    draft: bool) -> None:
+    """`adaptspec serve` as users run it: vLLM's API server, its engine core and worker in
+    processes of their own (what the per-request K, proposer, confidence and draft cost
+    cross), with our n-gram proposer, or with `--draft` the hybrid with the draft model."""
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     log = open(tmp_path / "server.log", "w")
+    extra: list[str] = []
+    if draft:
+        exploring = tmp_path / "exploring.yaml"  # so that every proposer gets its turn
+        exploring.write_text(TEST_POLICY.replace("exploration: 0.0", "exploration: 0.3"))
+        policy_file = exploring
+        extra = ["--draft", tiny_models["draft"]]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "adaptspec.cli", "serve", tiny_models["target"],
+        [sys.executable, "-m", "adaptspec.cli", "serve", tiny_models["target"], *extra,
          "--policy", str(policy_file), "--port", str(port), "--dtype", "float32",
          "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager",
          "--served-model-name", "tiny"],
@@ -382,6 +419,11 @@ def test_adaptspec_serve_end_to_end(tiny_models: dict, policy_file: Path, tmp_pa
         assert rows["interactive"].get("draft_tokens", 0) == 0
         assert rows["interactive"]["steps_latency_critical"] > 0
         assert "vllm:spec_decode_num_draft_tokens_total" in metrics  # vLLM's own, beside ours
+        if draft:
+            passes = sum(metrics.get("adaptspec_draft_model_passes_total", {}).values())
+            by_proposer = {dict(labels)["proposer"] for labels, v in
+                           metrics.get("adaptspec_draft_tokens_total", {}).items() if v > 0}
+            assert passes > 0 and "draft" in by_proposer, (passes, by_proposer)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -393,6 +435,17 @@ def test_adaptspec_serve_end_to_end(tiny_models: dict, policy_file: Path, tmp_pa
                                  (tmp_path / "server.log").read_text()[-3000:]) from None
         log.close()
     assert code == 0, (tmp_path / "server.log").read_text()[-3000:]
+
+
+def test_serve_refuses_a_draft_that_is_not_a_model_folder(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "adaptspec.cli", "serve", "m", "--draft",
+                           str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "not a model folder" in proc.stderr, proc.stderr
+    (tmp_path / "config.json").write_text("{}")
+    proc = subprocess.run([sys.executable, "-m", "adaptspec.cli", "serve", "m", "--draft",
+                           str(tmp_path), "--dry-run"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and "HybridProposer" in proc.stdout, proc.stderr
 
 
 def test_bad_policy_stops_serve_with_a_clear_message(tmp_path: Path) -> None:

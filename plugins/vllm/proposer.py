@@ -21,7 +21,9 @@ the controller credits what is verified to the proposer that proposed it.
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from typing import Any
 
 from adaptspec_vllm import touchpoints
@@ -33,6 +35,11 @@ from adaptspec import proposers as core
 _step = threading.local()
 CONFIDENCE_ATTR = "adaptspec_confidence"
 SOURCE_ATTR = "adaptspec_source"
+# (ms, passes, catch-up tokens) the hybrid's draft model ran for this step's drafts
+DRAFT_COST_ATTR = "adaptspec_draft_cost"
+# The draft model of the hybrid (a Hugging Face folder sharing the target's tokenizer); set by
+# `adaptspec serve --draft`. Read by the scheduler and by the worker, which inherit it.
+DRAFT_ENV = "ADAPTSPEC_DRAFT_MODEL"
 
 
 def _install_runner_hook() -> None:
@@ -52,13 +59,15 @@ def _install_runner_hook() -> None:
         _step.proposer_map = getattr(scheduler_output, "adaptspec_proposer", None)
         _step.confidence = {}
         _step.source = {}
+        _step.draft_cost = None
         try:
             return original(self, scheduler_output, *args, **kwargs)
         finally:
             # Kept on the runner until take_draft_token_ids hands the drafts to the scheduler.
-            self._adaptspec_extras = {CONFIDENCE_ATTR: _step.confidence, SOURCE_ATTR: _step.source}
+            self._adaptspec_extras = {CONFIDENCE_ATTR: _step.confidence, SOURCE_ATTR: _step.source,
+                                      DRAFT_COST_ATTR: _step.draft_cost}
             _step.req_ids = _step.k_map = _step.proposer_map = None
-            _step.confidence = _step.source = None
+            _step.confidence = _step.source = _step.draft_cost = None
 
     take = GPUModelRunner.take_draft_token_ids
 
@@ -149,16 +158,28 @@ class SuffixProposer(_AdaptiveProposer):
 
 
 class HybridProposer(_AdaptiveProposer):
-    """The n-gram and suffix proposers in one server; per request and step the controller says
-    which drafts (the scheduler's ``adaptspec_proposer`` map, indexes into NAMES). The others
-    keep their copy of the request's tokens (``observe``), so the suffix proposer's corpus gets
-    every output and a switch needs no catch-up beyond indexing."""
+    """The n-gram and suffix proposers in one server, and a draft model when ADAPTSPEC_DRAFT_MODEL
+    names one; per request and step the controller says which drafts (the scheduler's
+    ``adaptspec_proposer`` map, indexes into ``names``). The others keep their copy of the
+    request's tokens (``observe``: the model-free ones append, the draft model does nothing and
+    catches up when next asked), so the suffix proposer's corpus gets every output. The draft
+    model's time, passes and catch-up tokens ride back with the drafts (DRAFT_COST_ATTR)."""
 
     NAMES = ("ngram", "suffix")
+    DRAFT = "draft"
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return cls.NAMES + ((cls.DRAFT,) if os.environ.get(DRAFT_ENV) else ())
 
     def make_core(self) -> core.Proposer:
-        self.cores: tuple[core.Proposer, ...] = (core.NgramProposer(min_n=1, max_n=4),
-                                                 core.SuffixProposer())
+        cores: list[core.Proposer] = [core.NgramProposer(min_n=1, max_n=4), core.SuffixProposer()]
+        path = os.environ.get(DRAFT_ENV)
+        if path:
+            from adaptspec.proposers.draft_model import DraftModelProposer
+
+            cores.append(DraftModelProposer(path))
+        self.cores = tuple(cores)
         return self.cores[0]
 
     def draft(self, req_id: str, token_ids: Any, k: int) -> tuple[core.Draft, int]:
@@ -167,7 +188,15 @@ class HybridProposer(_AdaptiveProposer):
         for q, c in enumerate(self.cores):
             if q != p:
                 c.observe(req_id, token_ids)
-        return self.cores[p].propose(req_id, token_ids, k), p
+        c = self.cores[p]
+        if p < len(self.NAMES):
+            return c.propose(req_id, token_ids, k), p
+        passes, catchup, t0 = c.passes, c.catchup_tokens, time.perf_counter()
+        d = c.propose(req_id, token_ids, k)
+        ms, n = (time.perf_counter() - t0) * 1e3, c.passes - passes
+        prev = getattr(_step, "draft_cost", None) or (0.0, 0, 0)
+        _step.draft_cost = (prev[0] + ms, prev[1] + n, prev[2] + c.catchup_tokens - catchup)
+        return d, p
 
     def _forget_finished(self, req_ids: list[str]) -> None:
         current = set(req_ids)
@@ -183,7 +212,7 @@ def proposer_names(speculative_config: Any) -> tuple[str, ...]:
     if method == "custom_class":
         model = str(getattr(speculative_config, "model", "") or "")
         if model.endswith(".HybridProposer"):
-            return HybridProposer.NAMES
+            return HybridProposer.names()
         if model.endswith(".SuffixProposer"):
             return ("suffix",)
         return ("ngram",) if model.endswith(".NgramProposer") else ("custom",)

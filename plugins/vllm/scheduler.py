@@ -155,6 +155,9 @@ class AdaptiveScheduler(Scheduler):
         confidence = getattr(draft_token_ids, "adaptspec_confidence", None) or {}
         # What the next step verifies was drafted by these (a hybrid; else the one proposer).
         self._source.update(getattr(draft_token_ids, "adaptspec_source", None) or {})
+        cost = getattr(draft_token_ids, "adaptspec_draft_cost", None)
+        if cost:
+            rt.record_draft_cost(*cost)
         scored: list[Any] = []
         for req_id in draft_token_ids.req_ids:
             request = self.requests.get(req_id)

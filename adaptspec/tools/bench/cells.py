@@ -73,7 +73,8 @@ class Sampler:
 
 
 def _class_counters(m: dict[str, dict]) -> dict[str, dict[str, float]]:
-    """Cumulative per-class adaptspec counters: drafted, accepted, chosen K sum and count."""
+    """Cumulative per-class adaptspec counters: drafted, accepted, chosen K sum and count, and
+    the speculating decisions per proposer chosen (`speculate_<proposer>`)."""
     out: dict[str, dict[str, float]] = {}
 
     def add(metric: str, key: str) -> None:
@@ -86,6 +87,12 @@ def _class_counters(m: dict[str, dict]) -> dict[str, dict[str, float]]:
     add("adaptspec_accepted_tokens_total", "accepted")
     add("adaptspec_chosen_k_sum", "k_sum")
     add("adaptspec_chosen_k_count", "k_count")
+    for labels, v in m.get("adaptspec_steps_total", {}).items():
+        d = dict(labels)
+        if d.get("decision") == "speculate" and "class" in d:
+            key = f"speculate_{d.get('proposer', '?')}"
+            row = out.setdefault(d["class"], {})
+            row[key] = row.get(key, 0.0) + v
     return out
 
 

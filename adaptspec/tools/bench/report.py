@@ -89,6 +89,12 @@ def summarize_cell(cell: dict[str, Any], static_k: int | None) -> dict[str, Any]
             drafted = a.get("drafted", 0.0) - b.get("drafted", 0.0)
             row["draft_acceptance"] = ((a.get("accepted", 0.0) - b.get("accepted", 0.0))
                                        / drafted if drafted else float("nan"))
+            # Which proposer the controller chose for the class's speculating request-steps.
+            chose = {key.removeprefix("speculate_"): a[key] - b.get(key, 0.0)
+                     for key in a if key.startswith("speculate_")}
+            total = sum(chose.values())
+            if total:
+                row["proposer_share"] = {k: v / total for k, v in sorted(chose.items()) if v}
         elif static_k is not None:
             row["k_distribution"] = {str(static_k): float(len(d["step_tokens"]))}
             row["mean_k"] = float(static_k)
@@ -219,6 +225,27 @@ def per_class_table(summary: dict[str, dict[int, dict]], concurrency: int) -> st
             al, k = row.get("acceptance_length", float("nan")), row.get("mean_k")
             cells += f"{al:>10.2f}/{'-' if k is None else f'{k:.1f}':>5} "
         lines.append(f"{cls:<14}{cells}")
+    return "\n".join(lines)
+
+
+def proposer_table(summary: dict[str, dict[int, dict]]) -> str:
+    """Per configuration with several proposers: the share of each class's speculating
+    request-steps each proposer drafted, per concurrency ("" when none)."""
+    lines = []
+    for name, by_c in summary.items():
+        shares = {(c, cls): row["proposer_share"] for c, cell in by_c.items()
+                  for cls, row in cell["classes"].items() if "proposer_share" in row}
+        if not any(len(v) > 1 for v in shares.values()):
+            continue
+        concs = sorted(by_c)
+        lines.append(f"{name}: proposer chosen per class (share of its speculating "
+                     f"request-steps)")
+        lines.append(f"{'class':<14}" + "".join(f"{'c=' + str(c):>28}" for c in concs))
+        for cls in sorted({cls for _, cls in shares}):
+            cells = "".join(
+                f"{' '.join(f'{p} {v:.0%}' for p, v in shares.get((c, cls), {}).items()):>28}"
+                for c in concs)
+            lines.append(f"{cls:<14}{cells}")
     return "\n".join(lines)
 
 

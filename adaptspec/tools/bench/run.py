@@ -32,6 +32,7 @@ from adaptspec.tools.bench.report import (
     format_table,
     per_class_table,
     plot,
+    proposer_table,
     ratios,
     summarize_cell,
 )
@@ -158,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(summary, rat))
     print()
     print(per_class_table(summary, max(sizes.concurrency)))
+    if table := proposer_table(summary):
+        print("\n" + table)
     try:  # the simulator, fitted to what was just measured (adaptspec.tools.bench.calibrate)
         from adaptspec.tools.bench.calibrate import calibrate, format_report
 
