@@ -210,12 +210,16 @@ class Controller:
 
     def step(self, slots: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
              step_time_s: float | None, allow_speculation: bool = True,
-             sources: np.ndarray | None = None) -> np.ndarray:
+             sources: np.ndarray | None = None, missed: np.ndarray | None = None
+             ) -> np.ndarray:
         """Feed back the last step, return K per request for the next one; the proposer that
         is to draft it is in req_proposer[slots] (always 0 with one proposer).
 
         `sources`: which proposer drafted what each request verified (index into proposers;
-        None: the first). `allow_speculation` False (the payoff guard holds speculation): every
+        None: the first). `missed`: requests whose proposer was asked for drafts and found
+        none; with several proposers that counts as a draft rejected at its first position
+        (for learning only: the metrics and the step-time model see what was verified).
+        `allow_speculation` False (the payoff guard holds speculation): every
         K is 0 and the decision is recorded as plain; the controller still learns and plans as
         usual, so its hysteresis and cut state stay those of its own plan."""
         slots = np.ascontiguousarray(slots, dtype=np.int64)
@@ -226,7 +230,10 @@ class Controller:
             src = (np.zeros(slots.shape, dtype=np.int64) if sources is None
                    else np.clip(np.ascontiguousarray(sources, dtype=np.int64), 0,
                                 self.n_prop - 1))
-            ks, kinds = self._step(slots, drafted, accepted, step_time_s, src)
+            learned = drafted
+            if missed is not None and self.n_prop > 1:
+                learned = np.where(np.asarray(missed, dtype=bool) & (drafted == 0), 1, drafted)
+            ks, kinds = self._step(slots, learned, accepted, step_time_s, src, drafted)
             if not allow_speculation and ks.any():
                 ks = np.zeros_like(ks)
                 kinds = np.where(kinds == 0, 1, kinds)  # speculate -> plain (see DECISIONS)
@@ -246,21 +253,23 @@ class Controller:
 
     def step_by_id(self, req_ids: list[str], classes: list[str], drafted: np.ndarray,
                    accepted: np.ndarray, step_time_s: float | None,
-                   allow_speculation: bool = True, sources: np.ndarray | None = None
-                   ) -> tuple[np.ndarray, np.ndarray]:
+                   allow_speculation: bool = True, sources: np.ndarray | None = None,
+                   missed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """`step` for callers that track requests by id (unknown ids are added); returns K and
         the proposer per request."""
         slots = np.fromiter(
             (self.add_request(r, c) for r, c in zip(req_ids, classes, strict=True)),
             dtype=np.int64, count=len(req_ids),
         )
-        ks = self.step(slots, drafted, accepted, step_time_s, allow_speculation, sources)
+        ks = self.step(slots, drafted, accepted, step_time_s, allow_speculation, sources, missed)
         return ks, self.req_proposer[slots]
 
     def _step(self, slots: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
-              step_time_s: float | None, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+              step_time_s: float | None, src: np.ndarray, verified: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
         """Feedback, then the decision: K and the kind of each decision (index into
-        DECISIONS)."""
+        DECISIONS). `drafted` is what acceptance learns from, `verified` what the step
+        verified (the step-time model's input)."""
         n = slots.size
         if n and (slots.ndim != 1 or drafted.shape != slots.shape
                   or accepted.shape != slots.shape):
@@ -276,6 +285,8 @@ class Controller:
         n_prop = self.n_prop
         sn, spec_tokens, longest = learn(self.estimator, self.requests, src * self.n_cls + cls,
                                          slots * n_prop + src, drafted, accepted)
+        if verified is not drafted:
+            spec_tokens, longest = int(verified.sum()), max(int(verified.max(initial=0)), 0)
         if step_time_s is not None and step_time_s > 0:
             self.last_step_ms = step_time_s * 1e3
             # The measured step also ran the passes of a model proposer for the drafts it
@@ -326,10 +337,43 @@ class Controller:
             cost = pass_tokens[self.req_proposer[slots]]
             worth = (inc >= cost[None, :]).sum(axis=0)
             ks = np.where(cost > 0, np.minimum(ks, np.maximum(worth, self.cls_k_min[cls])), ks)
+            if (self.cls_kind[cls] > 1).any():
+                ks = self._passes_within_slack(ks, inc, slots, cls, plain_ms)
             kinds = np.where(ks > 0, 0, np.where(kinds == 0, 1, kinds))
         self.req_k[slots] = ks
         self._last_cut = (slots, rows, inc, threshold)
         return ks, kinds
+
+    def _passes_within_slack(self, ks: np.ndarray, inc: np.ndarray, slots: np.ndarray,
+                             cls: np.ndarray, plain_ms: float) -> np.ndarray:
+        """With a latency-critical request in the batch, a model proposer's passes count
+        against the policy's slack like the verify plan does: that request gets one token a
+        step whoever drafts. The passes left in the slack go to the most valuable positions
+        (increments only shrink along a draft, so each request keeps a prefix)."""
+        ms = self.pass_ms[self.req_proposer[slots]]
+        model = (ms > 0) & (ks > 0)
+        if not model.any():
+            return ks
+        # What the step costs with the other requests' drafts, and what each of the model's
+        # tokens adds: its pass and its verification (the verify model's per-token term).
+        rest = np.where(model, 0, ks)
+        coef, knee = self.cost.coef, self.cost.knee
+        base = float(fastpath.step_time(coef, len(ks), float(rest.sum()),
+                                        float(rest.max(initial=0)), knee))
+        budget = (1.0 + self.policy.latency_critical_slack) * plain_ms - base
+        ms = ms + coef[2] + coef[5] * (float(ks.sum()) + len(ks) > knee)
+        cols = np.flatnonzero(model)
+        pos = [(inc[j, i], i, j) for i in cols.tolist() for j in range(int(ks[i]))]
+        pos.sort(key=lambda x: (-x[0], x[2]))
+        keep = np.zeros_like(ks)
+        for _, i, _j in pos:
+            if budget < ms[i]:
+                break
+            budget -= ms[i]
+            keep[i] += 1
+        out = ks.copy()
+        out[cols] = np.maximum(keep[cols], self.cls_k_min[cls[cols]])
+        return out
 
     def cut(self, slots: np.ndarray, lengths: np.ndarray, confidence: np.ndarray) -> np.ndarray:
         """Draft lengths after weighing each draft's own confidence; never longer than given.

@@ -93,11 +93,12 @@ class AdaptiveRuntime:
     # ---------------------------------------------------------------- the step
 
     def step(self, req_ids: Sequence[str], drafted: Sequence[int], accepted: Sequence[int],
-             step_time_s: float | None, sources: Sequence[int] | None = None
-             ) -> dict[str, int]:
+             step_time_s: float | None, sources: Sequence[int] | None = None,
+             missed: Sequence[bool] | None = None) -> dict[str, int]:
         """Feed back one engine step; returns the K each of these requests gets next (and
         `proposer_for` who drafts it). `sources`: the proposer (index into `proposers`) whose
-        drafts each request verified; None: the first."""
+        drafts each request verified; None: the first. `missed`: whose proposer was asked for
+        drafts and found none."""
         if not req_ids:
             return {}
         props = None
@@ -108,6 +109,7 @@ class AdaptiveRuntime:
                 list(req_ids), classes, np.asarray(drafted, dtype=np.int64),
                 np.asarray(accepted, dtype=np.int64), step_time_s, allow_speculation=allow,
                 sources=None if sources is None else np.asarray(sources, dtype=np.int64),
+                missed=None if missed is None else np.asarray(missed, dtype=bool),
             )
             ks = np.minimum(ks, self.k_cap).tolist()
             props = props.tolist()

@@ -210,3 +210,62 @@ def test_a_draft_model_whose_passes_cost_more_than_they_save_is_left_idle() -> N
     ks, props, _ = _with_draft(pass_ms=12.0)
     drafting_with_model = ((props[-100:] == 2) & (ks[-100:] > 0)).sum()
     assert drafting_with_model <= 0.05 * ks[-100:].size, drafting_with_model
+
+
+def test_draft_model_passes_beside_a_latency_critical_request_stay_within_the_slack() -> None:
+    """Math drafts with the draft model (it pays); with an interactive request in the batch
+    the model's passes plus the verify plan stay within (1 + slack) x the plain step."""
+    pol = policy(latency_critical_slack=0.25)
+    ctl = Controller(pol, seed=0, proposers=PROPOSERS + ("draft",))
+    math = [ctl.add_request(f"m{i}", "math") for i in range(3)]
+    lc = ctl.add_request("i", "interactive")
+    rng = np.random.default_rng(0)
+    pass_ms = 1.0
+    for with_lc in (False, True):
+        slots = np.array(math + ([lc] if with_lc else []))
+        ks = np.zeros(len(slots), dtype=np.int64)
+        props = np.zeros(len(slots), dtype=np.int64)
+        for _ in range(200):
+            acc = np.array([chain(0.95 if p == 2 else 0.05, int(k), rng)
+                            for k, p in zip(ks, props, strict=True)])
+            passes = int(ks[props == 2].sum())
+            if passes:
+                ctl.record_pass_cost(2, pass_ms * passes, passes)
+            ks = ctl.step(slots, ks, acc, 0.01, sources=props)
+            props = ctl.req_proposer[slots].copy()
+            if with_lc:
+                plain = 10 + 0.5 * len(slots)  # CHEAP's curve at this batch, no drafts
+                verify = plain + 0.3 * ks.sum()
+                assert verify + pass_ms * ks[props == 2].sum() <= 1.25 * plain + 1e-9
+                assert ks[-1] == 0
+        if not with_lc:
+            free_passes = int(ks[props == 2].sum())
+    assert free_passes > 4  # alone, math drafts well beyond the slack's 3.5 ms of passes
+    assert ks[:3][props[:3] == 2].sum() > 0  # and beside the LC request it still drafts some
+
+
+def test_a_proposer_that_finds_nothing_is_left_for_one_that_drafts() -> None:
+    """n-gram lookups that find no match verify nothing, so without being told the controller
+    would never see them fail: `missed` counts them as a first-position rejection."""
+    ctl = Controller(policy(exploration=0.0), seed=0, proposers=PROPOSERS)
+    rng = np.random.default_rng(0)
+    slots = np.array([ctl.add_request(f"r{i}", "math") for i in range(4)])
+    ks = np.zeros(4, dtype=np.int64)
+    props = np.zeros(4, dtype=np.int64)
+    for _ in range(100):
+        found = props == 1  # n-gram (0) finds nothing for math; suffix drafts and is right
+        drafted = np.where(found, ks, 0)
+        acc = np.array([chain(0.8, int(d), rng) for d in drafted])
+        ks = ctl.step(slots, drafted, acc, 0.01, sources=props, missed=(ks > 0) & ~found)
+        props = ctl.req_proposer[slots].copy()
+    assert (props == 1).all() and ks.mean() > 2
+    # without `missed` the n-gram rows never learn and, first among equals, keep winning
+    ctl = Controller(policy(exploration=0.0), seed=0, proposers=PROPOSERS)
+    slots = np.array([ctl.add_request(f"r{i}", "math") for i in range(4)])
+    ks = np.zeros(4, dtype=np.int64)
+    props = np.zeros(4, dtype=np.int64)
+    for _ in range(100):
+        ks = ctl.step(slots, np.zeros(4, dtype=np.int64), np.zeros(4, dtype=np.int64), 0.01,
+                      sources=props)
+        props = ctl.req_proposer[slots].copy()
+    assert (props == 0).all()

@@ -131,7 +131,8 @@ class _AdaptiveProposer:
             drafts.append(draft.tokens)
             if confidence is not None and draft.tokens:
                 confidence[req_id] = draft.confidence
-            if sources is not None and draft.tokens:
+            if sources is not None:
+                # (also for an empty draft: the proposer was asked and found nothing)
                 sources[req_id] = source
         self._forget_finished(req_ids)
         return drafts

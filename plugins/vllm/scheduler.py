@@ -49,6 +49,8 @@ class AdaptiveScheduler(Scheduler):
         self._step_start: float | None = None
         # Which proposer drafted each request's pending drafts (a hybrid server's sources).
         self._source: dict[str, int] = {}
+        # Requests whose proposer was asked for drafts and found none (for the next feedback).
+        self._missed: set[str] = set()
         spec = vllm_config.speculative_config
         if spec is None or not spec.num_speculative_tokens:
             log.warning("adaptspec: no speculative decoding configured; the scheduler is vLLM's")
@@ -136,13 +138,16 @@ class AdaptiveScheduler(Scheduler):
             feedback = None
         if feedback is not None:
             req_ids, drafted, accepted, pure_decode = feedback
-            sources = ([self._source.get(r, 0) for r in req_ids] if len(rt.proposers) > 1
-                       else None)
+            sources = missed = None
+            if len(rt.proposers) > 1:
+                sources = [self._source.get(r, 0) for r in req_ids]
+                missed = [r in self._missed for r in req_ids]
             # Before vLLM's own update: that frees the requests this step finished (finish()),
             # and feeding them back afterwards would re-register them with the controller and
             # leave a K entry behind for every request ever served.
             # Steps that also prefilled say little about the verify cost of the decodes.
-            rt.step(req_ids, drafted, accepted, elapsed if pure_decode else None, sources)
+            rt.step(req_ids, drafted, accepted, elapsed if pure_decode else None, sources,
+                    missed)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         rt.maybe_snapshot()
         return outputs
@@ -154,7 +159,12 @@ class AdaptiveScheduler(Scheduler):
             return
         confidence = getattr(draft_token_ids, "adaptspec_confidence", None) or {}
         # What the next step verifies was drafted by these (a hybrid; else the one proposer).
-        self._source.update(getattr(draft_token_ids, "adaptspec_source", None) or {})
+        sources = getattr(draft_token_ids, "adaptspec_source", None) or {}
+        self._source.update(sources)
+        # A proposer that was asked and found nothing failed as surely as a rejected draft:
+        # the hybrid learns that too when it chooses who drafts.
+        self._missed = {r for r in sources
+                        if (req := self.requests.get(r)) is not None and not req.spec_token_ids}
         cost = getattr(draft_token_ids, "adaptspec_draft_cost", None)
         if cost:
             rt.record_draft_cost(*cost)

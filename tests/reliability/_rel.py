@@ -52,6 +52,7 @@ payoff: {enabled: false}
 """
 
 OURS_NGRAM = "adaptspec_vllm.proposer.NgramProposer"
+OURS_HYBRID = "adaptspec_vllm.proposer.HybridProposer"
 
 
 def policy_text(**extra: Any) -> str:

@@ -24,7 +24,9 @@ from _rel import (
     LOAD_POLICY_EXTRA,
     LONG,
     N_SAMPLES,
+    OURS_HYBRID,
     OURS_NGRAM,
+    TEST_POLICY,
     Server,
     code_prompts,
     free_port,
@@ -119,6 +121,8 @@ def engines(tiny_models: dict, prompts: dict, rel_dir: Path) -> Iterator[Engines
     draft_spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3,
                   "draft_sample_method": "probabilistic"}
     ngram_spec = {"method": "custom_class", "model": OURS_NGRAM, "num_speculative_tokens": 4}
+    hybrid_policy = folder / "hybrid.yaml"
+    hybrid_policy.write_text(TEST_POLICY.replace("exploration: 0.0", "exploration: 0.5"))
     # A snapshot folder nobody can write, root included: a path below a regular file.
     (folder / "not-a-dir").write_text("x")
     batch_plain = max(64, min(256, N_SAMPLES))
@@ -144,6 +148,14 @@ def engines(tiny_models: dict, prompts: dict, rel_dir: Path) -> Iterator[Engines
                     "batches": {"samples": samples(2_000_000)}},
                    {"ADAPTSPEC_POLICY": policy("broken"),
                     "ADAPTSPEC_TEST_BROKEN_SAMPLER": "accept_all"}),
+        # The hybrid with the draft model, exploring, so that its three proposers draft side
+        # by side in the same batches.
+        "hybrid": ({"model": target, "spec": {"method": "custom_class", "model": OURS_HYBRID,
+                                              "num_speculative_tokens": 3},
+                    "adaptive": True, "max_num_seqs": batch_plain, "max_num_batched_tokens": nbt,
+                    "batches": {"samples": samples(6_000_000)}},
+                   {"ADAPTSPEC_POLICY": str(hybrid_policy),
+                    "ADAPTSPEC_DRAFT_MODEL": draft}),
     }
     if LONG:
         specs["ngram_ok"] = ({"model": target, "spec": ngram_spec, "adaptive": True,

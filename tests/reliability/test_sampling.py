@@ -83,6 +83,24 @@ def test_broken_acceptance_rule_is_caught(engines: Any) -> None:
     assert min(res["token2"][0], res["token3"][0]) < P_BROKEN
 
 
+def test_sampling_with_the_hybrid_mixing_proposers_matches_plain(engines: Any) -> None:
+    """The hybrid (n-gram, suffix and draft model, chosen per request, exploring) drafts with
+    several proposers in the same batches; its samples are the target's distribution."""
+    plain, hybrid = _samples(engines["plain"]), _samples(engines["hybrid"])
+    drafted, accepted = _speculation(engines["hybrid"])
+    by = {}
+    for labels, v in engines["hybrid"]["adaptspec"].get("adaptspec_draft_tokens_total",
+                                                         {}).items():
+        by[dict(labels)["proposer"]] = by.get(dict(labels)["proposer"], 0.0) + v
+    assert by.get("draft", 0) > 0 and sum(1 for v in by.values() if v > 0) >= 2, by
+    assert 0 < accepted < drafted
+    res = _tests(plain, hybrid)
+    print(f"\nsampling, hybrid (draft tokens per proposer {by}, acceptance "
+          f"{accepted / drafted:.2f}): {_fmt(res)}")
+    for name, (p, _) in res.items():
+        assert p > P_OK, f"{name}: the hybrid's samples differ from plain decoding (p={p:.3g})"
+
+
 def test_greedy_with_draft_model_is_token_identical(engines: Any) -> None:
     plain = engines["plain"]["batches"]["greedy"]["tokens"]
     ok = engines["adaptive"]["batches"]["greedy"]["tokens"]

@@ -39,6 +39,7 @@ from adaptspec.tools.bench.report import (
 from adaptspec.tools.bench.servers import (
     BENCH_POLICY,
     FULL,
+    OPT_IN,
     QUICK,
     Config,
     Server,
@@ -77,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     if args.configs:
         keep = set(args.configs) | {"none"}
         configs = [c for c in configs if c.name in keep]
+    else:
+        configs = [c for c in configs if c.name not in OPT_IN]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     tok = None

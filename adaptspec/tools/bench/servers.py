@@ -22,6 +22,9 @@ SCHEDULER = "adaptspec_vllm.scheduler.AdaptiveScheduler"
 OURS_NGRAM = "adaptspec_vllm.proposer.NgramProposer"
 OURS_HYBRID = "adaptspec_vllm.proposer.HybridProposer"
 BENCH_POLICY = shipped_policy("bench")
+# Configurations that run only when named (--configs): the hybrid with the draft model drafts
+# one request at a time, not yet measured over the full run's hour.
+OPT_IN = ("adaptspec_hybrid_draft",)
 
 
 @dataclass
@@ -33,6 +36,7 @@ class Config:
     adaptive: bool = False
     family: str = "none"  # none | ngram | draft_model | ours
     sync: bool = False  # --no-async-scheduling (adaptspec needs it; vLLM's default is async)
+    env: dict[str, str] = field(default_factory=dict)  # the server's extra environment
 
 
 @dataclass
@@ -82,6 +86,10 @@ def make_configs(draft: str, sizes: Sizes) -> list[Config]:
         Config("adaptspec_hybrid", {"method": "custom_class", "model": OURS_HYBRID,
                                     "num_speculative_tokens": max(sizes.ngram_k)},
                adaptive=True, family="ours"),
+        # ... and the draft model (`adaptspec serve --draft`); not in the full run by default
+        Config("adaptspec_hybrid_draft", {"method": "custom_class", "model": OURS_HYBRID,
+                                          "num_speculative_tokens": max(sizes.ngram_k)},
+               adaptive=True, family="ours", env={"ADAPTSPEC_DRAFT_MODEL": draft}),
     ]
     return out
 
@@ -111,6 +119,8 @@ class Server:
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         env.pop("ADAPTSPEC_POLICY", None)
+        env.pop("ADAPTSPEC_DRAFT_MODEL", None)
+        env.update(cfg.env)
         self.prom_dir = tempfile.mkdtemp(prefix="adaptspec-bench-prom-")
         env["PROMETHEUS_MULTIPROC_DIR"] = self.prom_dir
         if cfg.spec is not None:
