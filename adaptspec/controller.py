@@ -86,10 +86,13 @@ class Controller:
         self.req_proposer = np.zeros(cap, dtype=np.int64)
         self.req_k = np.zeros(cap, dtype=np.int64)  # K decided at its last step
         # A proposer that runs a model (the hybrid's draft model) costs time per forward pass,
-        # one per draft token: ms per pass as the worker measured it (running mean), 0 for the
-        # model-free ones. The verify-step model (cost) does not see these passes.
+        # one per draft token, plus its catch-up (the prompt, tokens missed while idle): ms per
+        # pass and per catch-up token, fitted to what the worker measured (decayed least
+        # squares; the sums in pass_stats), 0 for the model-free ones. The verify-step model
+        # (cost) does not see these passes.
         self.pass_ms = np.zeros(n_prop)
-        self.pass_n = np.zeros(n_prop)
+        self.catchup_ms = np.zeros(n_prop)
+        self.pass_stats = np.zeros((n_prop, 5))  # sums of pp, pc, cc, py, cy
         self.req_last_step = np.zeros(cap)
         self.req_prev_k = np.zeros(cap, dtype=np.int64)
         self.req_votes = np.zeros(cap, dtype=np.int64)
@@ -130,14 +133,25 @@ class Controller:
             self._row_slo_ms[row] = self.cls_slo_ms[idx]
             self.estimator.set_prior(row, p.prior_vector(settings), cfg.prior_strength)
 
-    def record_pass_cost(self, proposer: int, ms: float, passes: int) -> None:
-        """The worker's measurement of a proposer's model passes for one step's drafts."""
+    def record_pass_cost(self, proposer: int, ms: float, passes: int,
+                         catchup_tokens: int = 0) -> None:
+        """The worker's measurement of a proposer's model for one step's drafts: its time, its
+        passes and the tokens it caught up on (a request's first pass feeds its prompt: a
+        per-pass mean would price every later draft token as a prefill)."""
         if passes <= 0 or not np.isfinite(ms) or ms < 0:
             return
-        self.pass_n[proposer] += passes
-        # The mean of the first 64 passes' worth, then a moving average over about as many.
-        w = passes / min(self.pass_n[proposer], 64.0 + passes)
-        self.pass_ms[proposer] += w * (ms / passes - self.pass_ms[proposer])
+        p, c = float(passes), float(max(catchup_tokens, 0))
+        st = self.pass_stats[proposer]
+        st *= 0.98  # about the last 50 reports
+        st += (p * p, p * c, c * c, p * ms, c * ms)
+        spp, spc, scc, spy, scy = st
+        det = spp * scc - spc * spc
+        a = b = -1.0
+        if det > 1e-9 * spp * max(scc, 1e-12):
+            a, b = (scc * spy - spc * scy) / det, (spp * scy - spc * spy) / det
+        if a < 0 or b < 0:  # catch-up never varied apart from the passes, or a negative fit
+            a, b = spy / spp, 0.0
+        self.pass_ms[proposer], self.catchup_ms[proposer] = a, b
 
     def rows(self, cls: int) -> list[int]:
         """The estimator rows of a class, one per proposer (in self.proposers' order)."""

@@ -205,7 +205,8 @@ class AdaptiveRuntime:
         its time, its forward passes and the tokens it caught up on."""
         try:
             if "draft" in self.proposers:
-                self.controller.record_pass_cost(self.proposers.index("draft"), ms, passes)
+                self.controller.record_pass_cost(self.proposers.index("draft"), ms, passes,
+                                                 catchup_tokens)
             if self.metrics is not None:
                 self.metrics.record_draft_model(passes, catchup_tokens)
         except Exception:

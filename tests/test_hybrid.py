@@ -269,3 +269,17 @@ def test_a_proposer_that_finds_nothing_is_left_for_one_that_drafts() -> None:
                       sources=props)
         props = ctl.req_proposer[slots].copy()
     assert (props == 0).all()
+
+
+def test_pass_cost_is_told_apart_from_catch_up() -> None:
+    """A request's first draft feeds its prompt (catch-up) in its first pass: the cost per
+    later draft token is the pass, not the prompt averaged over the passes."""
+    ctl = Controller(policy(), seed=0, proposers=PROPOSERS + ("draft",))
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        passes, catchup = int(rng.integers(1, 9)), int(rng.choice([0, 0, 0, 3, 150]))
+        ctl.record_pass_cost(2, 20.0 * passes + 2.0 * catchup, passes, catchup)
+    assert abs(ctl.pass_ms[2] - 20.0) < 1e-6 and abs(ctl.catchup_ms[2] - 2.0) < 1e-6
+    only = Controller(policy(), seed=0, proposers=PROPOSERS + ("draft",))
+    only.record_pass_cost(2, 60.0, 3)  # no catch-up seen yet: the mean per pass
+    assert only.pass_ms[2] == 20.0
