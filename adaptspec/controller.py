@@ -336,7 +336,8 @@ class Controller:
             zp = self.rng.standard_normal((len(z), kk, n_prop)) if len(z) else _NO_DRAWS
             choice = choose_proposers(post, self.n_cls, n_prop, cls, self.cls_k_max[cls],
                                       self.requests.sn[:, recs], self.requests.shrinkage,
-                                      explore, zp, pass_tokens)
+                                      explore, zp, pass_tokens,
+                                      self.estimator.observations()[: post.shape[1]])
             self.req_proposer[slots] = choice
             rows = choice * self.n_cls + cls
             sn = self.requests.sn[:, slots * n_prop + choice]

@@ -283,3 +283,19 @@ def test_pass_cost_is_told_apart_from_catch_up() -> None:
     only = Controller(policy(), seed=0, proposers=PROPOSERS + ("draft",))
     only.record_pass_cost(2, 60.0, 3)  # no catch-up seen yet: the mean per pass
     assert only.pass_ms[2] == 20.0
+
+
+def test_an_untried_proposer_gets_its_turn_on_explored_requests() -> None:
+    """n-gram and suffix accept well and are well measured; the draft model, never tried, is
+    tried on the first explored requests (Thompson draws alone rarely pick it: its prior is
+    wide and low next to their measured acceptance), and then only now and then."""
+    # a confident, low prior: a draw for the untried draft model rarely beats 0.9
+    pol = policy(exploration=0.1, classes={"code": ClassPolicy(prior_acceptance=0.3,
+                                                                 prior_strength=40)})
+    ctl = Controller(pol, seed=0, proposers=PROPOSERS + ("draft",))
+    truth = {("code", 0): 0.9, ("code", 1): 0.9, ("code", 2): 0.9}
+    ks, props = simulate(ctl, ["code"] * 4, truth, 200)
+    tried = props[ks > 0]
+    first = int(np.flatnonzero((props == 2).any(axis=1))[0])
+    assert first < 15, first
+    assert 0 < (tried == 2).mean() < 0.5
