@@ -153,6 +153,35 @@ class Controller:
             a, b = spy / spp, 0.0
         self.pass_ms[proposer], self.catchup_ms[proposer] = a, b
 
+    def first_proposer(self, class_name: str) -> int:
+        """The proposer for a request's first draft, chosen from its class alone.
+
+        A request's first drafts are proposed in the step that prefilled it, before the
+        controller has decided anything for it: K is cut to the decision afterwards, but who
+        proposed cannot be changed, so it is chosen at admission (an explored request tries
+        the class's least used proposer, as in `step`)."""
+        if self.n_prop == 1:
+            return 0
+        try:
+            c = np.array([self.class_index(class_name)])
+            kk = self.k_max
+            explore = self.rng.random(1) < self.policy.exploration
+            z = self.rng.standard_normal((1, kk, self.n_prop)) if explore[0] else _NO_DRAWS
+            post = self.estimator.posterior_sums()
+            pass_tokens = None
+            if self.pass_ms.any():
+                n = max(self.num_requests, 1)
+                plain_ms = float(fastpath.step_time(self.cost.coef, n, 0.0, 0.0, self.cost.knee))
+                pass_tokens = self.pass_ms * n / max(plain_ms, 1e-6)
+            return int(choose_proposers(post, self.n_cls, self.n_prop, c, self.cls_k_max[c],
+                                        np.zeros((2, 1, self.n_prop)), self.requests.shrinkage,
+                                        explore, z, pass_tokens,
+                                        self.estimator.observations()[: post.shape[1]])[0])
+        except Exception:
+            self.errors += 1
+            log.exception("adaptspec controller failed choosing a first proposer; using the first")
+            return 0
+
     def rows(self, cls: int) -> list[int]:
         """The estimator rows of a class, one per proposer (in self.proposers' order)."""
         return [p * self.n_cls + cls for p in range(self.n_prop)]

@@ -78,6 +78,8 @@ class AdaptiveRuntime:
             log.exception("adaptspec: classifying request failed; using the default class")
             cls = self.policy.default_class
         self.classes[req_id] = cls
+        if len(self.proposers) > 1:
+            self._p[req_id] = self.controller.first_proposer(cls)
         return cls
 
     def finish(self, req_id: str) -> None:

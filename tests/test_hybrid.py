@@ -299,3 +299,18 @@ def test_an_untried_proposer_gets_its_turn_on_explored_requests() -> None:
     first = int(np.flatnonzero((props == 2).any(axis=1))[0])
     assert first < 15, first
     assert 0 < (tried == 2).mean() < 0.5
+
+
+def test_a_new_requests_first_draft_comes_from_its_classs_best_proposer() -> None:
+    """The first drafts are proposed before any decision for the request (in its prefill
+    step): the runtime picks their proposer at admission, from the class."""
+    from adaptspec.classify import RequestInfo
+    from adaptspec.runtime import AdaptiveRuntime
+
+    rt = AdaptiveRuntime(policy(exploration=0.0), k_cap=4, proposers=PROPOSERS)
+    ctl = rt.controller
+    simulate(ctl, ["math"] * 3, {("math", 0): 0.1, ("math", 1): 0.9}, 100)
+    rt.admit("new", RequestInfo(extra_args={"adaptspec_class": "math"}))
+    assert rt.proposer_for("new") == 1 and rt.proposer_map()["new"] == 1
+    rt.finish("new")
+    assert "new" not in rt.proposer_map()
