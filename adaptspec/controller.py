@@ -168,11 +168,7 @@ class Controller:
             explore = self.rng.random(1) < self.policy.exploration
             z = self.rng.standard_normal((1, kk, self.n_prop)) if explore[0] else _NO_DRAWS
             post = self.estimator.posterior_sums()
-            pass_tokens = None
-            if self.pass_ms.any():
-                n = max(self.num_requests, 1)
-                plain_ms = float(fastpath.step_time(self.cost.coef, n, 0.0, 0.0, self.cost.knee))
-                pass_tokens = self.pass_ms * n / max(plain_ms, 1e-6)
+            pass_tokens, _ = self._pass_tokens(max(self.num_requests, 1))
             return int(choose_proposers(post, self.n_cls, self.n_prop, c, self.cls_k_max[c],
                                         np.zeros((2, 1, self.n_prop)), self.requests.shrinkage,
                                         explore, z, pass_tokens,
@@ -181,6 +177,16 @@ class Controller:
             self.errors += 1
             log.exception("adaptspec controller failed choosing a first proposer; using the first")
             return 0
+
+    def _pass_tokens(self, n: int) -> tuple[np.ndarray | None, float]:
+        """What one model pass of each proposer costs a batch of n, in tokens (None while no
+        proposer has measured passes), and plain decoding's step time there (ms). A pass of
+        c ms delays every request in the batch: it costs the tokens the batch makes in c ms of
+        plain decoding."""
+        plain_ms = float(fastpath.step_time(self.cost.coef, n, 0.0, 0.0, self.cost.knee))
+        if not self.pass_ms.any():
+            return None, plain_ms
+        return self.pass_ms * n / max(plain_ms, 1e-6), plain_ms
 
     def rows(self, cls: int) -> list[int]:
         """The estimator rows of a class, one per proposer (in self.proposers' order)."""
@@ -356,11 +362,7 @@ class Controller:
         rows = cls
         pass_tokens = None
         if n_prop > 1:
-            if self.pass_ms.any():
-                # A pass of c ms delays every request in the batch: it costs the tokens the
-                # batch makes in c ms of plain decoding.
-                plain_ms = float(fastpath.step_time(self.cost.coef, n, 0.0, 0.0, self.cost.knee))
-                pass_tokens = self.pass_ms * n / max(plain_ms, 1e-6)
+            pass_tokens, plain_ms = self._pass_tokens(n)
             recs = slots[:, None] * n_prop + np.arange(n_prop)[None, :]
             zp = self.rng.standard_normal((len(z), kk, n_prop)) if len(z) else _NO_DRAWS
             choice = choose_proposers(post, self.n_cls, n_prop, cls, self.cls_k_max[cls],
