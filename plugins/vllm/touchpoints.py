@@ -28,11 +28,14 @@ from adaptspec_vllm.version import SUPPORTED, UnsupportedVLLMVersion
 class TouchPoint:
     """`module:qualname` must exist; `params`: parameter names its signature must have;
     `fields`: attributes instances have (dataclass fields, class attributes or `self.X =` in
-    `__init__`)."""
+    `__init__`); `source`: code its source must contain (whitespace ignored)."""
 
     target: str
     params: tuple[str, ...] = ()
     fields: tuple[str, ...] = ()
+    # Code its source must contain, whitespace ignored: how vLLM calls into the plugin (the
+    # arguments a custom_class proposer's `propose` receives), which no signature shows.
+    source: tuple[str, ...] = ()
 
 
 SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
@@ -44,6 +47,9 @@ TOUCH_POINTS: dict[str, tuple[TouchPoint, ...]] = {
         TouchPoint("vllm.config.scheduler:SchedulerConfig",
                    fields=("scheduler_cls", "async_scheduling")),
         TouchPoint("vllm.config.scheduler:SchedulerConfig.get_scheduler_cls"),
+        # runner_choice.py: adaptspec runs on the V1 model runner, chosen by this variable
+        TouchPoint("vllm.config:VllmConfig.use_v2_model_runner",
+                   source=("envs.VLLM_USE_V2_MODEL_RUNNER",)),
     ),
     "scheduler": (
         TouchPoint(SCHED, fields=("requests",)),
@@ -54,19 +60,33 @@ TOUCH_POINTS: dict[str, tuple[TouchPoint, ...]] = {
         TouchPoint(SCHED + ".update_draft_token_ids", ("draft_token_ids",)),
         TouchPoint(SCHED + ".shutdown"),
         TouchPoint("vllm.v1.request:Request",
-                   fields=("request_id", "sampling_params", "spec_token_ids")),
+                   fields=("request_id", "sampling_params", "spec_token_ids", "priority")),
+        TouchPoint("vllm.v1.request:Request.is_finished"),
+        TouchPoint("vllm.sampling_params:SamplingParams", fields=("extra_args",)),
         TouchPoint("vllm.v1.core.sched.output:SchedulerOutput",
-                   fields=("num_scheduled_tokens", "scheduled_spec_decode_tokens")),
+                   fields=("num_scheduled_tokens", "scheduled_spec_decode_tokens",
+                           "num_spec_tokens_to_schedule")),
         TouchPoint("vllm.v1.outputs:ModelRunnerOutput",
                    fields=("sampled_token_ids", "req_id_to_index")),
+        TouchPoint("vllm.v1.outputs:DraftTokenIds", fields=("req_ids", "draft_token_ids")),
         TouchPoint("vllm.config:VllmConfig",
-                   fields=("speculative_config", "scheduler_config", "model_config")),
+                   fields=("speculative_config", "scheduler_config", "model_config",
+                           "use_v2_model_runner")),
+        TouchPoint("vllm.config:SpeculativeConfig",
+                   fields=("method", "num_speculative_tokens", "model")),
+        TouchPoint("vllm.config:ModelConfig", fields=("served_model_name",)),
     ),
     "runner": (
         TouchPoint(RUNNER, fields=("input_batch",)),
-        TouchPoint(RUNNER + ".propose_draft_token_ids", ("scheduler_output",)),
+        TouchPoint(RUNNER + ".propose_draft_token_ids", ("scheduler_output",), source=(
+            # the custom_class branch: what _AdaptiveProposer.propose is given
+            "self.drafter).propose(sampled_token_ids,self.input_batch.num_tokens_no_spec,"
+            "self.input_batch.token_ids_cpu,",)),
         TouchPoint(RUNNER + ".take_draft_token_ids"),
-        TouchPoint("vllm.v1.spec_decode.custom_class_proposer:create_custom_proposer"),
+        TouchPoint("vllm.v1.worker.gpu_input_batch:InputBatch",
+                   fields=("req_ids", "num_tokens_no_spec", "token_ids_cpu")),
+        TouchPoint("vllm.v1.spec_decode.custom_class_proposer:create_custom_proposer",
+                   ("vllm_config",), source=("user_class(vllm_config)",)),
     ),
     "sampler": (
         TouchPoint("vllm.v1.sample.rejection_sampler:expand_batch_to_tokens",
@@ -123,7 +143,26 @@ def probe(*groups: str) -> list[str]:
             lost = [f for f in p.fields if not (isinstance(obj, type) and _has_field(obj, f))]
             if lost:
                 missing.append(f"{p.target}: no attribute {', '.join(lost)}")
+        if p.source:
+            try:
+                text = inspect.getsource(  # type: ignore[arg-type]
+                    obj.fget if isinstance(obj, property) else obj)
+            except (OSError, TypeError):
+                text = ""
+            missing += source_lost(p, text)
     return missing
+
+
+def squeeze(text: str) -> str:
+    """Code with all whitespace removed: how `source` patterns are compared."""
+    return "".join(text.split())
+
+
+def source_lost(point: TouchPoint, text: str) -> list[str]:
+    """One line per `source` pattern of `point` that `text` (its code) does not contain."""
+    code = squeeze(text)
+    return [f"{point.target}: its code no longer contains `{pattern}`"
+            for pattern in point.source if squeeze(pattern) not in code]
 
 
 def check(*groups: str) -> None:
