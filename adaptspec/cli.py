@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser("simulate", help="simulate none vs static K vs adaptive vs oracle")
     sim.add_argument("--policy", default="default")
-    sim.add_argument("--workload", default="mixed", choices=["mixed", "code", "creative"])
+    sim.add_argument("--workload", default="mixed",
+                     choices=["mixed", "code", "creative", "ngram"])
     sim.add_argument("--preset", choices=["cpu", "gpu"], default=None,
                      help="step-time model of the simulated engine (default: the policy's)")
     sim.add_argument("--seed", type=int, default=0)

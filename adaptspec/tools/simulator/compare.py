@@ -319,7 +319,7 @@ def run_simulation(policy: Policy, workload: str = "mixed", *, preset: str | Non
         "seed": seed,
         "quick": quick,
         "loads": load_list,
-        "classes": [asdict(c) for c in classes],
+        "classes": [{**asdict(c), "positions": list(c.positions)} for c in classes],
         "latency_critical_classes": critical_names,
         "policies": {name: {str(n): st.to_json() for n, st in per.items()}
                      for name, per in results.items()},

@@ -39,6 +39,20 @@ class ClassSpec:
     share: float
     alpha: float
     alpha_late: float
+    # Conditional acceptance by draft position at the class's level (position j accepted given
+    # 0..j-1 were), for proposers whose acceptance is not geometric: an n-gram's first draft
+    # token is accepted far less often than the later ones. Each request keeps these logit
+    # offsets from its own first-position acceptance (alpha, then alpha_late, is the first
+    # entry's level); positions past the tuple repeat its last entry. Empty: geometric,
+    # alpha * POSITION_DECAY**j.
+    positions: tuple[float, ...] = ()
+
+    def offsets(self, width: int) -> np.ndarray:
+        """Logit offset of each of `width` draft positions from the first (zeros: geometric)."""
+        if not self.positions:
+            return np.zeros(width)
+        p = np.array([self.positions[min(j, len(self.positions) - 1)] for j in range(width)])
+        return _logit(p) - _logit(p[0])
 
 
 # Acceptance levels from the issue (code ~0.9, summarization ~0.8, chat ~0.7, creative ~0.6);
@@ -53,6 +67,16 @@ WORKLOADS: dict[str, tuple[ClassSpec, ...]] = {
     ),
     "code": (ClassSpec("code", 1.0, 0.90, 0.80),),
     "creative": (ClassSpec("creative", 1.0, 0.60, 0.52),),
+    # Prompt lookup (n-gram) by task: first position 0.16-0.65, later positions 0.6-0.96 given
+    # the earlier ones (Spec-Bench's prompt-lookup rows, as summarised in the project's notes on
+    # published GPU measurements); the mixed workload's shares.
+    "ngram": (
+        ClassSpec("code", 0.25, 0.65, 0.55, (0.65, 0.96, 0.95, 0.94, 0.93, 0.92, 0.91, 0.90)),
+        ClassSpec("summarization", 0.20, 0.50, 0.55, (0.50, 0.90, 0.88, 0.86, 0.84, 0.82)),
+        ClassSpec("chat", 0.30, 0.25, 0.22, (0.25, 0.75, 0.72, 0.70, 0.68, 0.66)),
+        ClassSpec("creative", 0.17, 0.16, 0.18, (0.16, 0.60, 0.60, 0.60)),
+        ClassSpec("interactive", 0.08, 0.25, 0.25, (0.25, 0.75, 0.72, 0.70, 0.68, 0.66)),
+    ),
 }
 
 
@@ -113,6 +137,10 @@ def make_stream(classes: tuple[ClassSpec, ...], n: int, concurrency: int, width:
     n_rep = int(repetitive.sum())
     own[repetitive] = _logit(REPETITIVE_ALPHA) + rng.normal(0.0, REQUEST_SPREAD / 2, n_rep)
     base = 1.0 / (1.0 + np.exp(-own))
-    alpha = base[:, None] * POSITION_DECAY ** np.arange(width)[None, :]
+    geometric = base[:, None] * POSITION_DECAY ** np.arange(width)[None, :]
+    offsets = np.array([c.offsets(width) for c in classes])[cls]
+    shaped = 1.0 / (1.0 + np.exp(-(own[:, None] + offsets)))
+    has_shape = np.array([bool(c.positions) for c in classes])[cls]
+    alpha = np.where(has_shape[:, None], shaped, geometric)
     coins = rng.random((n, LENGTH_RANGE[1] + width), dtype=np.float32)
     return Stream([c.name for c in classes], cls, length, alpha, coins)
