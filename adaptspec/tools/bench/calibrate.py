@@ -57,6 +57,8 @@ from adaptspec.tools.bench.stepfit import (
     plain_step_ms,
     step_time_check,
 )
+from adaptspec.tools.simulator.compare import Load, oracle
+from adaptspec.tools.simulator.stream import ORACLE_CANDIDATES
 
 # ------------------------------------------------------------------------------ simulation
 
@@ -134,11 +136,15 @@ def simulate_family(result: dict[str, Any], alphas: dict[str, float],
                     cost: CostModel | Callable[[int], CostModel], policy: Policy,
                     loads: list[int], ks: list[int], seed: int = 0, family: str = "ngram",
                     draft_rate: float = 1.0, concurrency: str | None = None,
+                    oracle_k: dict[int, dict[str, int]] | None = None,
                     ) -> dict[str, dict[int, float]]:
     """Decode tokens/s of none, static K (every class, latency-critical too, as vLLM does) and
     the adaptspec controller (K up to max(ks)) on the benchmark's class mix (or that of one
     concurrency's stream), per load (a batch of that many requests). cost: the step time, or a
-    function giving it per load."""
+    function giving it per load. With `oracle_k` (filled per load), also "oracle": the best
+    per-class static K in hindsight under the policy's latency rule (the simulator's oracle,
+    K 0..max(ks) per class). K = 0 for every class is plain decoding, a server without the
+    draft model; any other assignment pays a draft model's pass every step, as the others do."""
     mix = _class_mix(result, concurrency)
     names = list(mix)
     sizes = result["sizes"]
@@ -175,10 +181,20 @@ def simulate_family(result: dict[str, Any], alphas: dict[str, float],
         runs["adaptive"] = (sim.Adaptive(policy, stream, conc, seed),
                             _drafter_cost(cost_here, family, max(ks)))
         passes = 1 if family == "draft_model" else 0
+        stats: dict[str, sim.RunStats] = {}
         for name, (chooser, c_run) in runs.items():
-            run = sim.simulate(stream, conc, n_done, c_run, noise, chooser,
-                               min_passes=passes if name != "none" else 0)
-            out.setdefault(name, {})[conc] = run.tokens_per_s
+            stats[name] = sim.simulate(stream, conc, n_done, c_run, noise, chooser,
+                                       min_passes=passes if name != "none" else 0)
+        if oracle_k is not None:
+            load = Load(stream, conc, n_done, _drafter_cost(cost_here, family, max(ks)), noise,
+                         np.array([c in lc for c in names]), passes)
+            statics = {0: stats["none"], **{k: stats[f"static_{k}"] for k in ks}}
+            # K up to the family's largest, as the controller here is allowed
+            stats["oracle"], oracle_k[conc] = oracle(load, policy, statics,
+                                                     ORACLE_CANDIDATES[0],
+                                                     list(range(max(ks) + 1)))
+        for name, st in stats.items():
+            out.setdefault(name, {})[conc] = st.tokens_per_s
     return out
 
 
@@ -251,9 +267,10 @@ def calibrate(result: dict[str, Any], policy: Policy | None = None, seed: int = 
         families[family] = {"alpha": {c: round(a, 4) for c, a in alphas.items()},
                             "alpha_from": source, "draft_rate": round(rate, 4)}
         # A GPU deployment sets its cost prior to its hardware (cost_model.preset: gpu).
+        oracle_k: dict[int, dict[str, int]] = {}
         g = simulate_family(result, alphas, gpu_cost,
                             sim.controller_policy(fam_policy, "gpu", "engine"),
-                            list(GPU_LOADS), ks, seed, family, rate)
+                            list(GPU_LOADS), ks, seed, family, rate, oracle_k=oracle_k)
         gpu[family] = {
             "tokens_per_s": {name: {str(n): round(v, 2) for n, v in by.items()}
                              for name, by in g.items()},
@@ -262,6 +279,12 @@ def calibrate(result: dict[str, Any], policy: Policy | None = None, seed: int = 
             "adaptive_over_best_static": {
                 str(n): round(g["adaptive"][n] / max(g[f"static_{k}"][n] for k in ks), 4)
                 for n in GPU_LOADS},
+            "adaptive_over_oracle": {str(n): round(g["adaptive"][n] / g["oracle"][n], 4)
+                                     for n in GPU_LOADS},
+            "oracle_over_best_static": {
+                str(n): round(g["oracle"][n] / max(g[f"static_{k}"][n] for k in ks), 4)
+                for n in GPU_LOADS},
+            "oracle_k": {str(n): ks_n for n, ks_n in oracle_k.items()},
         }
 
     def worst(cells: list[dict[str, Any]], out_of_fit: bool) -> float | None:
@@ -314,9 +337,12 @@ def format_report(cal: dict[str, Any]) -> str:
     for fam, g in cal["gpu_preset"].items():
         lines.append(f"gpu preset, {fam} acceptance: adaptive / none "
                      + ", ".join(f"c={n} {v:.2f}" for n, v in g["adaptive_over_none"].items()))
-        lines.append(f"gpu preset, {fam} acceptance: adaptive / best static "
-                     + ", ".join(f"c={n} {v:.2f}"
-                                 for n, v in g["adaptive_over_best_static"].items()))
+        for key in ("adaptive_over_best_static", "adaptive_over_oracle",
+                    "oracle_over_best_static"):
+            if key in g:
+                lines.append(f"gpu preset, {fam} acceptance: {key.replace('_over_', ' / ')} "
+                             .replace("_", " ")
+                             + ", ".join(f"c={n} {v:.2f}" for n, v in g[key].items()))
     return "\n".join(lines)
 
 

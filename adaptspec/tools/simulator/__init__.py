@@ -13,7 +13,7 @@ acceptance coin flips, same step-time noise sequence), so their differences are 
 - ``adaptive``: the adaptspec :class:`~adaptspec.controller.Controller`, fed every step with the
   batch, what was drafted and accepted, and the measured step time; its K are used as given;
 - ``oracle``: the best per-class static K in hindsight, per load, under the policy's latency
-  rule (see :func:`_oracle`).
+  rule (see :func:`oracle`).
 
 Acceptance: request r's draft at position j (0-based) is accepted with probability
 alpha_r * POSITION_DECAY**j, given the drafts before it were. alpha_r varies around its

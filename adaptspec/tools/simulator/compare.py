@@ -97,7 +97,7 @@ def _analytic_throughput(stream: Stream, n_used: int, concurrency: int, cost: Co
 
 
 @dataclass
-class _Load:
+class Load:
     """Everything that is the same for every policy at one load."""
 
     stream: Stream
@@ -106,10 +106,12 @@ class _Load:
     cost: CostModel
     noise: np.ndarray
     critical: np.ndarray  # per stream class: latency-critical under the policy
+    # draft-model passes every step, drafting or not (vLLM's draft_model keeps its KV in step)
+    min_passes: int = 0
 
     def run(self, chooser: Chooser) -> RunStats:
         return simulate(self.stream, self.concurrency, self.n_done, self.cost, self.noise,
-                        chooser)
+                        chooser, min_passes=self.min_passes)
 
     def fixed(self, k_by_class: np.ndarray, slack: float | None = None) -> RunStats:
         ks = np.where(self.critical, 0, k_by_class)
@@ -124,8 +126,8 @@ def _class_critical(policy: Policy, names: list[str]) -> np.ndarray:
     return np.array([name != OTHER_CLASS and cfg(name).latency_critical for name in names])
 
 
-def _oracle(load: _Load, policy: Policy, statics: dict[int, RunStats], n_candidates: int
-            ) -> tuple[RunStats, dict[str, int]]:
+def oracle(load: Load, policy: Policy, statics: dict[int, RunStats], n_candidates: int,
+           k_values: list[int] | None = None) -> tuple[RunStats, dict[str, int]]:
     """Best per-class static K in hindsight at this load.
 
     Searching every assignment by simulation is 9^4 runs for `mixed`; instead every assignment
@@ -148,7 +150,7 @@ def _oracle(load: _Load, policy: Policy, statics: dict[int, RunStats], n_candida
     """
     stream, names = load.stream, load.stream.names
     has_critical = bool(load.critical[np.unique(stream.cls)].any())
-    k_values = [0, *STATIC_KS]
+    k_values = k_values or [0, *STATIC_KS]
     n_used = min(stream.n, load.n_done + load.concurrency)
     assign, score = _analytic_throughput(stream, n_used, load.concurrency, load.cost,
                                          load.critical, policy.latency_critical_slack, k_values)
@@ -288,11 +290,11 @@ def run_simulation(policy: Policy, workload: str = "mixed", *, preset: str | Non
         n_done = max(16, conc) if quick else max(48, 3 * conc)
         stream = make_stream(classes, n_done + 2 * conc, conc, width, rng)
         noise = rng.lognormal(-STEP_NOISE**2 / 2, STEP_NOISE, 65536)  # mean 1
-        load = _Load(stream, conc, n_done, cost, noise, critical)
+        load = Load(stream, conc, n_done, cost, noise, critical)
         statics = {k: load.fixed(np.full(len(names), k)) for k in (0, *STATIC_KS)}
         runs = {"none" if k == 0 else f"static_{k}": st for k, st in statics.items()}
         runs["adaptive"] = load.run(Adaptive(ctl_policy, stream, conc, seed))
-        runs["oracle"], oracle_k[str(conc)] = _oracle(load, policy, statics, n_candidates)
+        runs["oracle"], oracle_k[str(conc)] = oracle(load, policy, statics, n_candidates)
         for name, st in runs.items():
             results.setdefault(name, {})[conc] = st
         say(f"load {conc:>4}: none {runs['none'].tokens_per_s:9.2f} tok/s, adaptive "
