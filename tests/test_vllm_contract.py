@@ -49,6 +49,12 @@ def test_every_touch_point_is_in_the_installed_0_32_0_source_and_objects() -> No
 
     assert vllm.__version__.startswith("0.32.0")
     assert probe_source(SITE) == [] == touchpoints.probe()
+    # ... and still once the plugin's wrappers are on the model runner (a second engine in
+    # one process probes vLLM's code under them)
+    from adaptspec_vllm.proposer import _install_runner_hook
+
+    _install_runner_hook()
+    assert touchpoints.probe("runner") == []
 
 
 def test_the_source_check_finds_what_is_missing(wheel_033: Path) -> None:

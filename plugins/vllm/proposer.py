@@ -82,6 +82,8 @@ def _install_runner_hook() -> None:
         return out
 
     propose_draft_token_ids._adaptspec = True  # type: ignore[attr-defined]
+    propose_draft_token_ids.__wrapped__ = original  # type: ignore[attr-defined]
+    take_draft_token_ids.__wrapped__ = take  # type: ignore[attr-defined]
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids  # type: ignore[method-assign]
     GPUModelRunner.take_draft_token_ids = take_draft_token_ids  # type: ignore[method-assign]
 

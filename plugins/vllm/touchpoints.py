@@ -145,8 +145,9 @@ def probe(*groups: str) -> list[str]:
                 missing.append(f"{p.target}: no attribute {', '.join(lost)}")
         if p.source:
             try:
-                text = inspect.getsource(  # type: ignore[arg-type]
-                    obj.fget if isinstance(obj, property) else obj)
+                # vLLM's own code, under the plugin's wrappers once they are installed
+                text = inspect.getsource(inspect.unwrap(  # type: ignore[arg-type]
+                    obj.fget if isinstance(obj, property) else obj))
             except (OSError, TypeError):
                 text = ""
             missing += source_lost(p, text)
