@@ -160,6 +160,16 @@ def runs(tiny_models: dict, policy_file: Path, tmp_path_factory: pytest.TempPath
                     "prompts": code + noisy, "classes": ["code"] * 24 + ["noisy"] * 24,
                     "temperatures": [0.0] * 24 + [NOISY_TEMPERATURE] * 24, "seed": 0,
                     "max_tokens": 48})
+    # The hybrid's draft model forced (test hook) to draft every step, or 2 steps in 7: a
+    # resumed request catches up on what it missed (its drafts are logged).
+    hybrid_draft = {"method": "custom_class", "model": OURS_HYBRID, "num_speculative_tokens": 3}
+    for name, pattern in (("forced_every", "draft=1,plain=0,k=3"),
+                          ("forced_gappy", "draft=2,plain=5,k=3")):
+        engines.append({"name": name, "model": target, "adaptive": True, "spec": hybrid_draft,
+                        "env": {**env, "ADAPTSPEC_DRAFT_MODEL": draft,
+                                "ADAPTSPEC_TEST_FORCE": pattern,
+                                "ADAPTSPEC_TEST_DRAFT_LOG": str(tmp / f"{name}.jsonl")},
+                        "prompts": prompts[:8], "classes": ["code"] * 8, "max_tokens": 40})
     # `vllm serve` users set ADAPTSPEC_POLICY directly: a bad one must stop the engine's start.
     bad = tmp / "typo.yaml"
     bad.write_text("classes: {code: {prior_acceptance: 0.8}}\ndefault_class: code\nk_mx: 4\n")
@@ -167,7 +177,12 @@ def runs(tiny_models: dict, policy_file: Path, tmp_path_factory: pytest.TempPath
                     "spec": {**ours, "num_speculative_tokens": 2},
                     "env": {"ADAPTSPEC_POLICY": str(bad)}, "prompts": [[5, 6, 7]],
                     "max_tokens": 4})
-    return run_engines(tmp, engines)
+    out = run_engines(tmp, engines)
+    for name in ("forced_every", "forced_gappy"):
+        log = tmp / f"{name}.jsonl"
+        out[name]["drafts"] = [json.loads(line) for line in log.read_text().splitlines()] \
+            if log.exists() else []
+    return out
 
 
 @pytest.mark.parametrize("name", ["vllm_ngram", "vllm_draft", "ours_ngram", "ours_suffix",
@@ -228,6 +243,46 @@ def test_an_idle_draft_model_runs_no_pass(runs: dict) -> None:
     assert sum(m.get("adaptspec_draft_model_passes_total", {}).values()) == 0
     assert sum(m.get("adaptspec_draft_tokens_total", {}).values()) == 0
     assert runs["ours_hybrid_idle"]["tokens"] == runs["plain"]["tokens"]
+
+
+def test_a_resumed_draft_model_drafts_as_if_it_had_drafted_every_step(
+        runs: dict, tiny_models: dict) -> None:
+    """The catch-up test on the real engine: each request drafts with the draft model for 2
+    steps, stays plain for 5, drafts again, and so on. Every draft it makes after resuming is
+    the one the draft model makes for that context from scratch, and the one the same request
+    made where it drafted every step and reached the same context; outputs are identical."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from adaptspec.proposers.draft_model import DraftModelProposer
+
+    every, gappy = runs["forced_every"], runs["forced_gappy"]
+    assert every["error"] is None and gappy["error"] is None, (every["error"], gappy["error"])
+    assert gappy["tokens"] == every["tokens"]
+    draft_index = 2  # ngram, suffix, draft
+    logs = {name: [d for d in runs[name]["drafts"] if d["source"] == draft_index]
+            for name in ("forced_every", "forced_gappy")}
+    # the pattern happened: drafts that resumed after steps without the draft model
+    resumed, last = [], {}
+    for d in logs["forced_gappy"]:
+        prev = last.get(d["req"])
+        if prev is not None and len(d["context"]) - prev > 1 + d["k"]:
+            resumed.append(d)
+        last[d["req"]] = len(d["context"])
+    assert len(resumed) >= 8, len(resumed)
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["draft"], dtype=torch.float32)
+    for d in resumed:
+        fresh = DraftModelProposer(model).propose("fresh", d["context"], len(d["draft"]))
+        assert fresh.tokens == d["draft"], d
+    by_context = {tuple(d["context"]): d["draft"] for d in logs["forced_every"]}
+    shared = [d for d in logs["forced_gappy"] if tuple(d["context"]) in by_context]
+    assert len(shared) >= 8, len(shared)
+    assert all(by_context[tuple(d["context"])] == d["draft"] for d in shared)
+    # what the draft model ran: the gappy run fed the missed tokens in catch-up passes
+    catchup = {name: sum(runs[name]["adaptspec"].get(
+        "adaptspec_draft_model_catchup_tokens_total", {}).values())
+        for name in ("forced_every", "forced_gappy")}
+    assert catchup["forced_gappy"] > catchup["forced_every"], catchup
 
 
 def test_payoff_guard_in_the_engine_changes_no_token_and_reports(runs: dict) -> None:

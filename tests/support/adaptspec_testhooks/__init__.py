@@ -14,6 +14,13 @@ one process (adaptspec_vllm.run_engine) can each have their own.
 - ``delay_ms=X``: every controller step takes X ms longer;
 - ``metrics_raise_every=N``: every Nth write of a step's metrics fails, as a broken registry.
 
+``ADAPTSPEC_TEST_FORCE=draft=D,plain=P,k=K`` forces a hybrid server with a draft model
+through a pattern: every request drafts with the draft model for D steps (K tokens, no
+confidence cut), then stays plain for P steps, and again (the controller still learns, its
+choices are overridden). ``ADAPTSPEC_TEST_DRAFT_LOG=FILE`` appends every hybrid draft to FILE
+as a JSON line: request, context token ids, proposer index, draft tokens. Together they prove
+that a draft model resuming after plain steps drafts what it would have drafted every step.
+
 ``ADAPTSPEC_TEST_BROKEN_SAMPLER=accept_all|lenient`` breaks vLLM's rejection sampler in the
 process that samples, so the lossless-sampling tests can show they would catch a wrong rule:
 - ``accept_all``: the uniform draw is forced to 0, so ``p/q >= u`` always holds and every draft
@@ -27,12 +34,15 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import json
 import os
 import sys
 import time
 from typing import Any
 
 FAULT_ENV = "ADAPTSPEC_FAULT"
+FORCE_ENV = "ADAPTSPEC_TEST_FORCE"
+DRAFT_LOG_ENV = "ADAPTSPEC_TEST_DRAFT_LOG"
 BROKEN_SAMPLER_ENV = "ADAPTSPEC_TEST_BROKEN_SAMPLER"
 _FAULT_KEYS = ("raise_every", "delay_ms", "metrics_raise_every")
 _SCALES = {"accept_all": 0.0, "lenient": 0.5}
@@ -73,13 +83,87 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _when_imported(name: str, then: Any) -> None:
+    if name in sys.modules:
+        then(sys.modules[name])
+    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, then))
+
+
 def install_faults() -> None:
     """Wrap the controller's step and the metrics' step record (idempotent): now if the
     controller is loaded, else when it is."""
-    if "adaptspec.controller" in sys.modules:
-        _patch(sys.modules["adaptspec.controller"])
-    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport("adaptspec.controller", _patch))
+    _when_imported("adaptspec.controller", _patch)
+
+
+def forcing() -> tuple[int, int, int] | None:
+    """ADAPTSPEC_TEST_FORCE as read now: (draft steps, plain steps, K), or None."""
+    text = os.environ.get(FORCE_ENV, "").strip()
+    if not text:
+        return None
+    parts = dict(p.split("=", 1) for p in text.split(","))
+    return int(parts["draft"]), int(parts["plain"]), int(parts["k"])
+
+
+def install_forcing() -> None:
+    """Wrap the runtime's decisions and the hybrid's drafts (idempotent), when loaded."""
+    _when_imported("adaptspec.runtime", _patch_runtime)
+    _when_imported("adaptspec_vllm.proposer", _patch_hybrid)
+
+
+def _patch_runtime(runtime_module: Any) -> None:
+    Runtime = runtime_module.AdaptiveRuntime
+    if getattr(Runtime.step, "_testhook", False):
+        return
+    step, admit, cut = Runtime.step, Runtime.admit, Runtime.cut
+
+    def forced_step(self: Any, req_ids: Any, *args: Any, **kwargs: Any) -> Any:
+        decided = step(self, req_ids, *args, **kwargs)
+        f = forcing()
+        if f is None or "draft" not in self.proposers:
+            return decided
+        draft, plain, k = f
+        counts = self.__dict__.setdefault("_testhook_steps", {})
+        for r in req_ids:
+            n = counts[r] = counts.get(r, 0) + 1
+            decided[r] = k if n % (draft + plain) < draft else 0
+            self._p[r] = self.proposers.index("draft")
+        self._k.update(decided)
+        return decided
+
+    def forced_admit(self: Any, req_id: str, info: Any) -> str:
+        cls = admit(self, req_id, info)
+        if forcing() is not None and "draft" in self.proposers:
+            self._p[req_id] = self.proposers.index("draft")
+        return cls
+
+    def forced_cut(self: Any, req_ids: Any, lengths: Any, confidence: Any) -> list[int]:
+        if forcing() is not None:
+            return [int(x) for x in lengths]
+        return cut(self, req_ids, lengths, confidence)
+
+    forced_step._testhook = True  # type: ignore[attr-defined]
+    Runtime.step, Runtime.admit, Runtime.cut = forced_step, forced_admit, forced_cut
+
+
+def _patch_hybrid(proposer_module: Any) -> None:
+    Hybrid = proposer_module.HybridProposer
+    if getattr(Hybrid.draft, "_testhook", False):
+        return
+    draft = Hybrid.draft
+
+    def logged_draft(self: Any, req_id: str, token_ids: Any, k: int) -> Any:
+        d, source = draft(self, req_id, token_ids, k)
+        path = os.environ.get(DRAFT_LOG_ENV)
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps({"req": req_id, "context": [int(t) for t in token_ids],
+                                    "source": int(source), "k": int(k),
+                                    "draft": [int(t) for t in d.tokens]}) + "\n")
+        return d, source
+
+    logged_draft._testhook = True  # type: ignore[attr-defined]
+    Hybrid.draft = logged_draft
 
 
 def _patch(controller_module: Any) -> None:
@@ -144,4 +228,5 @@ def install_broken_sampler() -> None:
 def register() -> None:
     """vLLM general-plugin entry point (test processes only, see the module docstring)."""
     install_faults()
+    install_forcing()
     install_broken_sampler()
