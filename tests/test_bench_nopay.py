@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from adaptspec.tools.bench import nopay
+from adaptspec.tools.bench.servers import FULL
 
 
 def _run(tok_per_s: float, lc_gap: float, tokens: list[int] | None = None) -> dict:
@@ -117,3 +118,18 @@ def test_the_engine_net_is_its_servers_saved_less_lost_over_wall_time() -> None:
     assert "engine_net_over_wall" not in v["none"]
     table = nopay.format_table(repeats, v)
     assert "+0.50%" in table and "engine net" in table
+
+
+def test_a_configuration_can_keep_every_class_plain(tmp_path: Path) -> None:
+    """`adaptspec bench`'s zero-cost check: the idle hybrid's policy is the run's, with every
+    class latency-critical (K = 0 from every proposer), and it is a valid policy."""
+    from adaptspec.policy import load_policy
+    from adaptspec.tools.bench.servers import BENCH_POLICY, make_configs, policy_for
+
+    cfg = next(c for c in make_configs("DRAFT", FULL) if c.name == "adaptspec_hybrid_idle")
+    assert cfg.env == {"ADAPTSPEC_DRAFT_MODEL": "DRAFT"}
+    path = policy_for(cfg, BENCH_POLICY, tmp_path)
+    idle, shipped = load_policy(path), load_policy(BENCH_POLICY)
+    assert set(idle.classes) == set(shipped.classes)
+    assert all(c.latency_critical for c in idle.classes.values())
+    assert idle.k_max == shipped.k_max and idle.cost_model == shipped.cost_model

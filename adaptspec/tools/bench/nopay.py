@@ -45,7 +45,14 @@ from typing import Any
 from adaptspec.policy import shipped_policy
 from adaptspec.tools.bench import workload
 from adaptspec.tools.bench.cells import median_gap_ms, run_cell
-from adaptspec.tools.bench.servers import OURS_NGRAM, Config, Server, Sizes, _free_port
+from adaptspec.tools.bench.servers import (
+    OURS_NGRAM,
+    Config,
+    Server,
+    Sizes,
+    _free_port,
+    policy_for,
+)
 
 CONFIGS = (
     Config("none", None),
@@ -55,11 +62,10 @@ CONFIGS = (
     Config("adaptspec", {"method": "custom_class", "model": OURS_NGRAM,
                          "num_speculative_tokens": 8}, adaptive=True, family="ours"),
     Config("adaptspec_guard", {"method": "custom_class", "model": OURS_NGRAM,
-                               "num_speculative_tokens": 8}, adaptive=True, family="ours"),
+                               "num_speculative_tokens": 8}, adaptive=True, family="ours",
+           policy={"payoff": {"enabled": True}}),
 )
 DEFAULT_CONFIGS = ("none", "none_sync", "vllm_ngram_k4", "adaptspec", "adaptspec_guard")
-# Policy keys a configuration sets on top of the policy given.
-POLICY_OVERRIDES = {"adaptspec_guard": {"payoff": {"enabled": True}}}
 PLAIN = ("none", "none_sync")
 DEFAULT_POLICY = shipped_policy("default")
 # Seconds into each slice of the main stream at which its latency-critical request is sent
@@ -83,21 +89,6 @@ def make_streams(sources: dict[str, Any], n: int, n_lc: int, max_tokens: int,
                            max_tokens=lc_tokens, temperature=0.0, seed=1000 + i)
           for i in range(n_lc)]
     return main, lc
-
-
-def policy_for(cfg: Config, policy: Path, folder: Path) -> Path:
-    """The policy file a configuration runs with: `policy`, plus its POLICY_OVERRIDES."""
-    extra = POLICY_OVERRIDES.get(cfg.name)
-    if not extra:
-        return policy
-    import yaml
-
-    data = yaml.safe_load(policy.read_text())
-    for key, value in extra.items():
-        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
-    out = folder / f"policy-{cfg.name}.yaml"
-    out.write_text(yaml.safe_dump(data))
-    return out
 
 
 # Servers up at once: a worker of this model takes ~5.5 GB here, and the machine has 24 GB.

@@ -45,6 +45,7 @@ from adaptspec.tools.bench.servers import (
     Server,
     _free_port,
     make_configs,
+    policy_for,
 )
 
 # ------------------------------------------------------------------------------ main
@@ -114,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
     logs.mkdir(exist_ok=True)
     for cfg in configs:
         print(f"[{cfg.name}] starting server", file=sys.stderr, flush=True)
-        server = Server(cfg, target, _free_port(), sizes, Path(args.policy).resolve(),
+        server = Server(cfg, target, _free_port(), sizes,
+                        policy_for(cfg, Path(args.policy).resolve(), logs),
                         logs / f"{cfg.name}.log", args.dtype)
         try:
             starts[cfg.name] = server.wait_ready()

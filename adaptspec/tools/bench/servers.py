@@ -23,8 +23,9 @@ OURS_NGRAM = "adaptspec_vllm.proposer.NgramProposer"
 OURS_HYBRID = "adaptspec_vllm.proposer.HybridProposer"
 BENCH_POLICY = shipped_policy("bench")
 # Configurations that run only when named (--configs): the hybrid with the draft model drafts
-# one request at a time, not yet measured over the full run's hour.
-OPT_IN = ("adaptspec_hybrid_draft",)
+# one request at a time, not yet measured over the full run's hour; the idle hybrid is the
+# zero-cost check, run beside `none` on its own.
+OPT_IN = ("adaptspec_hybrid_draft", "adaptspec_hybrid_idle")
 
 
 @dataclass
@@ -37,6 +38,9 @@ class Config:
     family: str = "none"  # none | ngram | draft_model | ours
     sync: bool = False  # --no-async-scheduling (adaptspec needs it; vLLM's default is async)
     env: dict[str, str] = field(default_factory=dict)  # the server's extra environment
+    # Policy keys set on top of the run's policy (see policy_for); "classes": {"*": {...}}
+    # sets those fields in every class.
+    policy: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -90,7 +94,33 @@ def make_configs(draft: str, sizes: Sizes) -> list[Config]:
         Config("adaptspec_hybrid_draft", {"method": "custom_class", "model": OURS_HYBRID,
                                           "num_speculative_tokens": max(sizes.ngram_k)},
                adaptive=True, family="ours", env={"ADAPTSPEC_DRAFT_MODEL": draft}),
+        # ... with every class kept plain: the loaded draft model must cost nothing
+        Config("adaptspec_hybrid_idle", {"method": "custom_class", "model": OURS_HYBRID,
+                                         "num_speculative_tokens": max(sizes.ngram_k)},
+               adaptive=True, family="ours", env={"ADAPTSPEC_DRAFT_MODEL": draft},
+               policy={"classes": {"*": {"latency_critical": True}}}),
     ]
+    return out
+
+
+def policy_for(cfg: Config, policy: Path, folder: Path) -> Path:
+    """The policy file a configuration runs with: `policy`, plus the configuration's keys."""
+    if not cfg.policy:
+        return policy
+    import yaml
+
+    data = yaml.safe_load(policy.read_text())
+    for key, value in cfg.policy.items():
+        if key == "classes" and "*" in value:
+            every = value["*"]
+            data["classes"] = {name: {**(c or {}), **every}
+                               for name, c in data.get("classes", {}).items()}
+        elif isinstance(value, dict):
+            data[key] = {**data.get(key, {}), **value}
+        else:
+            data[key] = value
+    out = folder / f"policy-{cfg.name}.yaml"
+    out.write_text(yaml.safe_dump(data))
     return out
 
 
