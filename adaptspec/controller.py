@@ -21,6 +21,7 @@ import numpy as np
 from adaptspec import fastpath
 from adaptspec.acceptance import AcceptanceEstimator, RequestAcceptance, learn
 from adaptspec.choose import choose_proposers
+from adaptspec.confidence import ConfidenceCalibration
 from adaptspec.cost import StepCostModel
 from adaptspec.fastpath import BINS
 from adaptspec.policy import OTHER_CLASS, Policy
@@ -73,6 +74,8 @@ class Controller:
         self._row_slo_ms = np.full(n_cls * n_prop, np.inf)
         self.estimator = AcceptanceEstimator(n_cls * n_prop, self.k_max, policy.forgetting)
         self.estimator.active = 0  # grows as classes are registered
+        # What each row's proposer confidence is worth (see `cut`)
+        self.confidence = ConfidenceCalibration(n_cls * n_prop, forgetting=policy.forgetting)
         for name in policy.classes:
             self._register_class(name, name)
         self._other = self._register_class(OTHER_CLASS, policy.default_class)
@@ -85,6 +88,8 @@ class Controller:
         self.req_class = np.zeros(cap, dtype=np.int64)
         self.req_proposer = np.zeros(cap, dtype=np.int64)
         self.req_k = np.zeros(cap, dtype=np.int64)  # K decided at its last step
+        self.req_conf = np.full(cap, np.nan)  # confidence of its pending draft (`cut`)
+        self._conf_pending = False  # some were set since the last step
         # A proposer that runs a model (the hybrid's draft model) costs time per forward pass,
         # one per draft token, plus its catch-up (the prompt, tokens missed while idle): ms per
         # pass and per catch-up token, fitted to what the worker measured (decayed least
@@ -236,6 +241,7 @@ class Controller:
         self.req_id_of[slot] = req_id
         self.req_class[slot] = self.class_index(class_name)
         self.req_prev_k[slot] = self.req_votes[slot] = self.req_proposer[slot] = 0
+        self.req_conf[slot] = np.nan
         self.req_last_step[slot] = self.steps + 1
         for p in range(self.n_prop):
             self.requests.reset(slot * self.n_prop + p)
@@ -336,6 +342,14 @@ class Controller:
                                          slots * n_prop + src, drafted, accepted)
         if verified is not drafted:
             spec_tokens, longest = int(verified.sum()), max(int(verified.max(initial=0)), 0)
+        self.confidence.tick()
+        if self._conf_pending:  # drafts whose confidence `cut` kept were verified now
+            self._conf_pending = False
+            conf = self.req_conf[slots]
+            scored = np.isfinite(conf) & (verified > 0)
+            self.confidence.partial_fit((src * self.n_cls + cls)[scored], conf[scored],
+                                        verified[scored], accepted[scored])
+            self.req_conf[slots] = np.nan
         if step_time_s is not None and step_time_s > 0:
             self.last_step_ms = step_time_s * 1e3
             # The measured step also ran the passes of a model proposer for the drafts it
@@ -427,17 +441,26 @@ class Controller:
         The last decision drafted every token whose expected value (the running product of
         the request's per-position acceptance) reached a threshold. A proposer that knows more
         about this very draft (a long, often-confirmed match, or a weak one) gives a per-token
-        confidence c; blending it into each position's acceptance as (1 - w) alpha + w c, with
-        w = policy.confidence_weight, the draft keeps the tokens that still reach the threshold.
-        A confident draft therefore keeps what was planned, a doubtful one is cut short, and
-        the step costs what was predicted or less. Requests the last decision did not cover
-        keep their drafts; forced positions (k_min) are kept.
+        confidence c. Where its (class, proposer) row has calibrated confidences like c
+        (adaptspec/confidence.py: the acceptance measured for drafts of that confidence), each
+        position's acceptance is moved by that bin's log-odds over the row's; until then c is
+        blended in as
+        (1 - w) alpha + w c, with w = policy.confidence_weight (0 turns confidences off). The
+        draft keeps the tokens that still reach the threshold: a confident draft keeps what
+        was planned, a doubtful one is cut short, and the step costs what was predicted or
+        less. Requests the last decision did not cover keep their drafts; forced positions
+        (k_min) are kept. Each confidence is kept until its draft is verified, to calibrate.
         """
         slots = np.asarray(slots, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.int64)
         w = self.policy.confidence_weight
         state = self._last_cut
-        if state is None or w <= 0 or slots.size == 0:
+        if w <= 0 or slots.size == 0:
+            return lengths.copy()
+        self.req_conf[slots] = np.clip(np.nan_to_num(np.asarray(confidence, dtype=np.float64)),
+                                       0.0, 1.0)
+        self._conf_pending = True
+        if state is None:
             return lengths.copy()
         last_slots, last_rows, inc, threshold = state
         k_min = self._row_k_min[last_rows]
@@ -449,12 +472,17 @@ class Controller:
         out = lengths.copy()
         if not known.any():
             return out
-        c = np.clip(np.nan_to_num(np.asarray(confidence, dtype=np.float64)[known]), 0.0, 1.0)
+        c = self.req_conf[slots[known]]
         val = inc[:, cols[known]]  # [k_max, m]
         # Per-position acceptance back from the running product (0 once a product reached 0).
         prev = np.vstack([np.ones((1, val.shape[1])), val[:-1]])
         alpha = np.divide(val, prev, out=np.zeros_like(val), where=prev > 0)
-        blended = np.multiply.accumulate((1.0 - w) * alpha + w * c, axis=0)
+        shift = self.confidence.shift(last_rows[cols[known]], c)
+        a = np.clip(alpha, 1e-9, 1.0 - 1e-9)
+        calibrated = np.where(alpha > 0, 1.0 / (1.0 + (1.0 - a) / a * np.exp(-shift)), 0.0)
+        per_position = np.where(np.isfinite(shift)[None, :], calibrated,
+                                (1.0 - w) * alpha + w * c)
+        blended = np.multiply.accumulate(per_position, axis=0)
         # Bin b of a value v is floor(sqrt(v) * (BINS - 1)) + 1 (see step_reference.decide):
         # reaching the threshold bin is reaching this value.
         floor = ((threshold - 1) / (BINS - 1)) ** 2

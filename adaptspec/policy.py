@@ -239,7 +239,9 @@ class Policy(_Strict):
     confidence_weight: float = Field(
         0.5, ge=0.0, le=1.0,
         description="weight of a proposer's confidence in a draft against the controller's "
-        "acceptance estimate when it decides whether to cut that draft shorter (0 = ignore)",
+        "acceptance estimate when it decides whether to cut that draft shorter, until drafts "
+        "of that confidence have been measured for the class (then the measured rate is "
+        "used); 0 = ignore confidences",
     )
     fallback_k: int = Field(0, ge=0, le=64, description="K used when the controller fails")
     max_classes: int = Field(32, ge=1, le=10_000)

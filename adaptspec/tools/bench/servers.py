@@ -58,12 +58,13 @@ class Sizes:
 
 # Sized so that the full run (10 servers: none, vLLM ngram K=2/4/8, draft K=2/4, adaptspec over
 # ngram, over draft_model, over our n-gram proposer and over our hybrid; 1.5B target in float32
-# on 2 CPU cores, ~2-8 tokens/s in all) fits in an hour (~50 min): few requests per class, so
+# on 2 CPU cores, ~2-8 tokens/s in all) fits in an hour (~57 min): few requests per class, so
 # per-class rows are indicative. 24 requests at c=16, so that the cell is not one wave of
 # admissions and its tail (with 16, one cell's step time moved 12% between two runs). On CPU a
 # prompt token costs about as much as a request's decode step, so the story excerpts are kept
-# short: with 900 characters, prefill was 75% of the c=16 cell's time.
-FULL = Sizes(concurrency=(1, 4, 16), requests={1: 4, 4: 8, 16: 24}, max_tokens=32,
+# short: with 900 characters, prefill was 75% of the c=16 cell's time. 8 requests at c=1: with
+# 4, c=1 ratios moved by up to 0.16 between two runs (~12 more minutes).
+FULL = Sizes(concurrency=(1, 4, 16), requests={1: 8, 4: 8, 16: 24}, max_tokens=32,
              interactive_tokens=16, excerpt_chars=400, max_model_len=2048)
 QUICK = Sizes(concurrency=(1, 4, 16), requests={1: 8, 4: 16, 16: 32}, max_tokens=48,
               interactive_tokens=24, excerpt_chars=500, max_model_len=1024)

@@ -1,0 +1,94 @@
+"""What a proposer's confidence in a draft is worth: calibrated per (class, proposer), online.
+
+A proposer sends each draft with its own per-token signal (an n-gram's posterior for its match,
+the draft model's geometric mean probability of its tokens). The raw number is not an
+acceptance rate: a draft model's probabilities are over-confident on one class and fine on
+another. So each (class, proposer) row keeps, per confidence bin, decayed counts of the draft
+tokens that were verified: a draft of d tokens of which a were accepted is a successes and, if
+a < d, one failure (positions after the first rejection say nothing), as for the class
+estimates (adaptspec/acceptance.py). A bin's posterior mean is then the calibrated per-token
+acceptance of drafts with that confidence, and its log-odds over the row's pooled rate how far
+such a draft sits from the row's per-position estimates; a bin with too little evidence says
+nothing, and the controller falls back to its class estimate blended with the raw confidence.
+
+Bins rather than a fitted curve: the counts decay every step like the rest of the controller's
+evidence, update in place on the hot path, and need no refit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class ConfidenceCalibration:
+    """Per row and confidence bin, decayed counts of accepted and rejected draft tokens.
+
+    Attributes: bins (equal-width bins of [0, 1]), forgetting (per `tick`, i.e. per engine
+    step), min_evidence (decayed tokens a bin needs before `predict` trusts it), succ and fail
+    ([n_rows, bins]), pending (ticks not yet applied to them: the decay is applied when they
+    are next read or written, so a step without confidences costs nothing)."""
+
+    def __init__(self, n_rows: int, bins: int = 10, forgetting: float = 0.98,
+                 min_evidence: float = 8.0) -> None:
+        self.bins = bins
+        self.forgetting = forgetting
+        self.min_evidence = min_evidence
+        self.succ = np.zeros((n_rows, bins))
+        self.fail = np.zeros((n_rows, bins))
+        self.pending = 0
+
+    def tick(self) -> None:
+        """One engine step passed: all evidence decays once (lazily)."""
+        self.pending += 1
+
+    def _decay(self) -> None:
+        if self.pending:
+            f = self.forgetting ** self.pending
+            self.succ *= f
+            self.fail *= f
+            self.pending = 0
+
+    def _bin(self, confidence: np.ndarray) -> np.ndarray:
+        c = np.clip(np.nan_to_num(np.asarray(confidence, dtype=np.float64)), 0.0, 1.0)
+        return np.minimum((c * self.bins).astype(np.int64), self.bins - 1)
+
+    def partial_fit(self, rows: np.ndarray, confidence: np.ndarray, drafted: np.ndarray,
+                    accepted: np.ndarray) -> None:
+        """Verified drafts whose confidence was known (after the decay of the steps passed)."""
+        self._decay()
+        d = np.asarray(drafted, dtype=np.int64)
+        keep = d > 0
+        if not keep.any():
+            return
+        cell = np.asarray(rows, dtype=np.int64)[keep] * self.bins + \
+            self._bin(np.asarray(confidence)[keep])
+        a = np.minimum(np.maximum(np.asarray(accepted, dtype=np.int64)[keep], 0), d[keep])
+        size = self.succ.size
+        self.succ += np.bincount(cell, weights=a, minlength=size).reshape(self.succ.shape)
+        self.fail += np.bincount(cell, weights=(a < d[keep]).astype(np.float64),
+                                 minlength=size).reshape(self.fail.shape)
+
+    def shift(self, rows: np.ndarray, confidence: np.ndarray) -> np.ndarray:
+        """Log-odds of drafts with this confidence over those of all the row's drafts: how far
+        this draft's acceptance sits from its row's at every position (NaN where the bin has
+        too little evidence). Applied to the row's per-position acceptance, it keeps the
+        position shape (an n-gram's first position is its weakest) and moves the level."""
+        rows = np.asarray(rows, dtype=np.int64)
+        rate = self.predict(rows, confidence)  # (decays first)
+        s, f = self.succ[rows].sum(axis=1), self.fail[rows].sum(axis=1)
+        pooled = (s + 1.0) / (s + f + 2.0)
+        return _logit(rate) - _logit(pooled)
+
+    def predict(self, rows: np.ndarray, confidence: np.ndarray) -> np.ndarray:
+        """Calibrated per-token acceptance of drafts with this confidence from these rows; NaN
+        where the bin has less than min_evidence."""
+        self._decay()
+        rows = np.asarray(rows, dtype=np.int64)
+        b = self._bin(confidence)
+        s, f = self.succ[rows, b], self.fail[rows, b]
+        n = s + f
+        return np.where(n >= self.min_evidence, (s + 1.0) / (n + 2.0), np.nan)
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    return np.log(p) - np.log1p(-p)

@@ -1,0 +1,98 @@
+"""Proposer confidences calibrated per (class, proposer) and used to cut drafts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adaptspec.confidence import ConfidenceCalibration
+from adaptspec.controller import Controller
+from adaptspec.policy import ClassPolicy, CostModel, Policy
+
+K = 4
+
+
+def _runs(rng: np.random.Generator, rate: np.ndarray, k: int) -> np.ndarray:
+    """Accepted tokens of drafts of k tokens, each token accepted at `rate` (per draft)."""
+    ok = rng.random((rate.size, k)) < rate[:, None]
+    return np.cumprod(ok, axis=1).sum(axis=1)
+
+
+def test_a_bin_learns_the_acceptance_of_drafts_with_that_confidence() -> None:
+    """Per-token acceptance c**2 for a draft of confidence c: each bin's estimate is that of
+    its drafts, within its sampling error; a second row with another mapping stays apart."""
+    rng = np.random.default_rng(0)
+    cal = ConfidenceCalibration(2, bins=10, forgetting=1.0)
+    seen = {row: [[] for _ in range(10)] for row in (0, 1)}
+    for _ in range(400):
+        cal.tick()
+        c = rng.random(16)
+        rows = np.repeat([0, 1], 8)
+        rate = np.where(rows == 0, c ** 2, 1.0 - c / 2)
+        cal.partial_fit(rows, c, np.full(16, K), _runs(rng, rate, K))
+        for r, ci, ri in zip(rows, c, rate, strict=True):
+            seen[r][min(int(ci * 10), 9)].append(ri)
+    for row in (0, 1):
+        for b in range(10):
+            est = float(cal.predict(np.array([row]), np.array([(b + 0.5) / 10]))[0])
+            n = cal.succ[row, b] + cal.fail[row, b]
+            truth = float(np.mean(seen[row][b]))
+            se = np.sqrt(truth * (1 - truth) / n)
+            # rates vary within a bin (by up to 0.19 for c**2): their mean is what is estimated
+            assert abs(est - truth) < 3 * se + 0.03, (row, b, est, truth, n)
+
+
+def test_a_bin_without_evidence_says_nothing() -> None:
+    cal = ConfidenceCalibration(1, bins=10, forgetting=1.0, min_evidence=8)
+    assert np.isnan(cal.predict(np.array([0]), np.array([0.5]))).all()
+    cal.partial_fit(np.array([0]), np.array([0.55]), np.array([4]), np.array([4]))
+    assert np.isnan(cal.predict(np.array([0]), np.array([0.5]))).all()  # 4 tokens < 8
+    cal.partial_fit(np.array([0]), np.array([0.55]), np.array([4]), np.array([4]))
+    assert cal.predict(np.array([0]), np.array([0.5]))[0] == pytest.approx(9 / 10)
+    cal.forgetting = 0.9
+    for _ in range(5):  # decays away when no more drafts come
+        cal.tick()
+    assert np.isnan(cal.predict(np.array([0]), np.array([0.5]))).all()
+
+
+def _controller(weight: float = 0.5) -> Controller:
+    cost = CostModel(base_ms=10, per_request_ms=0.1, per_draft_token_ms=0.15,
+                     spec_overhead_ms=0.0, knee_tokens=1e6, over_knee_ms=0.0, learn=False)
+    return Controller(Policy(
+        classes={"chat": ClassPolicy(prior_acceptance=0.7, prior_strength=20)},
+        default_class="chat", k_max=K, exploration=0.0, hysteresis_steps=1,
+        confidence_weight=weight, cost_model=cost))
+
+
+def test_calibrated_confidence_replaces_the_raw_blend_in_the_cut() -> None:
+    """Drafts that say 0.9 are accepted at 0.2, drafts that say 0.3 at 0.95 (a proposer whose
+    signal runs backwards on this class). Blended raw, the confident drafts are kept longer;
+    once calibrated, they are the ones cut short, and the doubtful ones keep their length."""
+    rng = np.random.default_rng(1)
+    ctl = _controller()
+    slots = np.array([ctl.add_request(f"r{i}", "chat") for i in range(16)])
+    conf = np.where(np.arange(16) % 2 == 0, 0.9, 0.3)
+    rate = np.where(conf > 0.5, 0.2, 0.95)
+
+    def one_step(drafted: np.ndarray, accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ks = ctl.step(slots, drafted, accepted, None)
+        return ks, ctl.cut(slots, ks, conf)
+
+    ks, cut = one_step(np.zeros(16, dtype=np.int64), np.zeros(16, dtype=np.int64))
+    first = cut.copy()
+    for _ in range(120):  # each step verifies the drafts the last one kept
+        ks, cut = one_step(cut, np.minimum(_runs(rng, rate, K), cut))
+    confident, doubtful = conf > 0.5, conf < 0.5
+    assert ks.max() > 0  # the class still pays to speculate
+    assert first[confident].mean() >= first[doubtful].mean()  # raw: trusted as said
+    assert cut[confident].mean() < cut[doubtful].mean()  # calibrated: cut where it fails
+    est = ctl.confidence.predict(np.zeros(2, dtype=np.int64), np.array([0.9, 0.3]))
+    assert est[0] < 0.4 < 0.85 < est[1], est
+
+
+def test_a_zero_weight_turns_confidences_off() -> None:
+    ctl = _controller(weight=0.0)
+    slots = np.array([ctl.add_request("a", "chat")])
+    ks = ctl.step(slots, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), None)
+    assert ctl.cut(slots, ks, np.array([0.0])).tolist() == ks.tolist()
+    assert np.isnan(ctl.req_conf[slots]).all()
