@@ -94,11 +94,16 @@ def test_proposer_shares_per_class_and_their_table() -> None:
                   _req("b", "math", [1, 2], [0.1, 0.2], [1, 1])])
     cell["k_hist_after"] = {"code": {"+Inf": 1.0}, "math": {"+Inf": 1.0}}
     cell["class_before"] = {"code": {"speculate_ngram": 2.0}}
-    cell["class_after"] = {"code": {"speculate_ngram": 8.0, "speculate_suffix": 2.0},
+    cell["class_after"] = {"code": {"speculate_ngram": 8.0, "speculate_suffix": 2.0,
+                                    "drafted_ngram": 20.0, "accepted_ngram": 15.0,
+                                    "drafted_suffix": 3.0, "accepted_suffix": 1.0},
                            "math": {"speculate_draft": 5.0}}
     classes = report.summarize_cell(cell, static_k=None)["classes"]
     assert classes["code"]["proposer_share"] == {"ngram": 0.75, "suffix": 0.25}
     assert classes["math"]["proposer_share"] == {"draft": 1.0}
+    assert classes["code"]["proposers"] == {
+        "ngram": {"decisions": 6.0, "drafted": 20.0, "accepted": 15.0},
+        "suffix": {"decisions": 2.0, "drafted": 3.0, "accepted": 1.0}}
     summary = {"none": {4: report.summarize_cell(_cell(cell["requests"]), static_k=None)},
                "adaptspec_hybrid": {4: {"classes": classes}}}
     table = report.proposer_table(summary).splitlines()

@@ -73,8 +73,9 @@ class Sampler:
 
 
 def _class_counters(m: dict[str, dict]) -> dict[str, dict[str, float]]:
-    """Cumulative per-class adaptspec counters: drafted, accepted, chosen K sum and count, and
-    the speculating decisions per proposer chosen (`speculate_<proposer>`)."""
+    """Cumulative per-class adaptspec counters: drafted, accepted, chosen K sum and count, the
+    speculating decisions per proposer chosen (`speculate_<proposer>`) and the drafts each
+    proposer had verified and accepted (`drafted_<proposer>`, `accepted_<proposer>`)."""
     out: dict[str, dict[str, float]] = {}
 
     def add(metric: str, key: str) -> None:
@@ -85,6 +86,14 @@ def _class_counters(m: dict[str, dict]) -> dict[str, dict[str, float]]:
 
     add("adaptspec_draft_tokens_total", "drafted")
     add("adaptspec_accepted_tokens_total", "accepted")
+    # ... and per proposer, what the simulator's hybrid is fitted to
+    for metric, key in (("adaptspec_draft_tokens_total", "drafted_"),
+                        ("adaptspec_accepted_tokens_total", "accepted_")):
+        for labels, v in m.get(metric, {}).items():
+            d = dict(labels)
+            if "class" in d and "proposer" in d:
+                row = out.setdefault(d["class"], {})
+                row[key + d["proposer"]] = row.get(key + d["proposer"], 0.0) + v
     add("adaptspec_chosen_k_sum", "k_sum")
     add("adaptspec_chosen_k_count", "k_count")
     for labels, v in m.get("adaptspec_steps_total", {}).items():

@@ -95,6 +95,14 @@ def summarize_cell(cell: dict[str, Any], static_k: int | None) -> dict[str, Any]
             total = sum(chose.values())
             if total:
                 row["proposer_share"] = {k: v / total for k, v in sorted(chose.items()) if v}
+            # Per proposer: its speculating decisions, the drafts it had verified, accepted.
+            per_prop = {
+                p: {"decisions": n_p,
+                    "drafted": a.get(f"drafted_{p}", 0.0) - b.get(f"drafted_{p}", 0.0),
+                    "accepted": a.get(f"accepted_{p}", 0.0) - b.get(f"accepted_{p}", 0.0)}
+                for p, n_p in sorted(chose.items())}
+            if len(per_prop) > 1 or any(v["drafted"] for v in per_prop.values()):
+                row["proposers"] = per_prop
         elif static_k is not None:
             row["k_distribution"] = {str(static_k): float(len(d["step_tokens"]))}
             row["mean_k"] = float(static_k)
