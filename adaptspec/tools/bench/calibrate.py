@@ -43,6 +43,7 @@ import numpy as np
 
 from adaptspec.policy import CostModel, Policy, load_policy
 from adaptspec.tools import simulator as sim
+from adaptspec.tools.bench.calibrate_hybrid import hybrid_check
 from adaptspec.tools.bench.stepfit import (
     FITTED,
     GPU_LOADS,
@@ -119,6 +120,26 @@ def _class_mix(result: dict[str, Any], concurrency: str | None = None) -> dict[s
     return {cls: n / total for cls, n in sorted(counts.items())}
 
 
+def _mix_stream(result: dict[str, Any], policy: Policy, conc: int, seed: int,
+                concurrency: str | None) -> dict[str, Any]:
+    """The requests simulated at a batch of `conc`: classes drawn from the benchmark's mix (or
+    that of one concurrency's stream), lengths as the benchmark asked; with the generator that
+    drew them (names, cls, length, lc: latency-critical class names, rng)."""
+    mix = _class_mix(result, concurrency)
+    names = list(mix)
+    sizes = result["sizes"]
+    lc = [n for n in names if n in policy.classes and policy.classes[n].latency_critical]
+    rng = np.random.default_rng([seed, conc])
+    n = max(MIN_SIM_REQUESTS, SIM_REQUESTS_PER_SLOT * conc)
+    share = np.array([mix[c] for c in names])
+    cls = rng.permutation(np.minimum(
+        np.searchsorted(np.cumsum(share), (np.arange(n) + rng.random()) / n, side="right"),
+        len(names) - 1))
+    length = np.array([sizes["interactive_tokens"] if names[c] in lc else sizes["max_tokens"]
+                       for c in cls], dtype=np.int64)
+    return {"names": names, "cls": cls, "length": length, "lc": lc, "rng": rng}
+
+
 def _drafter_cost(cost: CostModel, family: str, k: int) -> CostModel:
     """The cost of a configuration whose proposer may draft up to k tokens. A draft model's
     fixed cost is paid every step, whatever is drafted: folded into the base; its passes cost
@@ -145,22 +166,13 @@ def simulate_family(result: dict[str, Any], alphas: dict[str, float],
     per-class static K in hindsight under the policy's latency rule (the simulator's oracle,
     K 0..max(ks) per class). K = 0 for every class is plain decoding, a server without the
     draft model; any other assignment pays a draft model's pass every step, as the others do."""
-    mix = _class_mix(result, concurrency)
-    names = list(mix)
-    sizes = result["sizes"]
-    lc = [n for n in names if n in policy.classes and policy.classes[n].latency_critical]
     out: dict[str, dict[int, float]] = {}
     width = max([*ks, policy.k_max, 1])
     for conc in loads:
         cost_here = cost(conc) if callable(cost) else cost
-        rng = np.random.default_rng([seed, conc])
-        n = max(MIN_SIM_REQUESTS, SIM_REQUESTS_PER_SLOT * conc)
-        share = np.array([mix[c] for c in names])
-        cls = rng.permutation(np.minimum(
-            np.searchsorted(np.cumsum(share), (np.arange(n) + rng.random()) / n, side="right"),
-            len(names) - 1))
-        length = np.array([sizes["interactive_tokens"] if names[c] in lc else sizes["max_tokens"]
-                           for c in cls], dtype=np.int64)
+        parts = _mix_stream(result, policy, conc, seed, concurrency)
+        names, cls, length, lc, rng = (parts[k] for k in ("names", "cls", "length", "lc", "rng"))
+        n = len(cls)
         alpha = np.array([alphas.get(names[c], 0.0) for c in cls])[:, None] * np.ones(width)
         coins = rng.random((n, int(length.max()) + width), dtype=np.float32)
         avail = None
@@ -287,6 +299,8 @@ def calibrate(result: dict[str, Any], policy: Policy | None = None, seed: int = 
             "oracle_k": {str(n): ks_n for n, ks_n in oracle_k.items()},
         }
 
+    hybrid = hybrid_check(result, rows, cells, cost_at(fitted), policy, seed)
+
     def worst(cells: list[dict[str, Any]], out_of_fit: bool) -> float | None:
         errs = [abs(c["error"]) for c in cells if not (out_of_fit and c["in_fit"])]
         return round(max(errs), 4) if errs else None
@@ -310,6 +324,7 @@ def calibrate(result: dict[str, Any], policy: Policy | None = None, seed: int = 
             "simulator": (worst(sim_cells, False) or 0.0) <= TOLERANCE,
         },
         "gpu_preset": gpu,
+        "hybrid_check": hybrid,
     }
 
 
@@ -334,6 +349,17 @@ def format_report(cal: dict[str, Any]) -> str:
                      + "); the steps are as short as the clients' timing jitter")
     lines.append(f"worst error: step time {cal['step_time_worst_error']}, simulator "
                  f"{cal['simulator_worst_error']} (tolerance {cal['tolerance']:.0%})")
+    hyb = cal.get("hybrid_check") or {}
+    if hyb.get("cells"):
+        lines.append("simulated hybrid: ratio to no speculation, predicted vs measured")
+        for c in hyb["cells"]:
+            lines.append(f"  {c['config']:<18}{c['concurrency']:>4}"
+                         f"{c['measured_over_none']:>10.2f}{c['predicted_over_none']:>11.2f}"
+                         f"{c['error']:>+8.1%}  (acceptance from {c['acceptance_from']})")
+        lines.append(f"hybrid worst error: in sample {hyb['worst_error_in_sample']}, out of "
+                     f"sample {hyb['worst_error_out_of_sample']}")
+    for name, why in (hyb.get("skipped") or {}).items():
+        lines.append(f"hybrid {name} not simulated: {why}")
     for fam, g in cal["gpu_preset"].items():
         lines.append(f"gpu preset, {fam} acceptance: adaptive / none "
                      + ", ".join(f"c={n} {v:.2f}" for n, v in g["adaptive_over_none"].items()))

@@ -55,10 +55,11 @@ from adaptspec.tools.simulator.stream import (
     STEP_NOISE,
     WORKLOADS,
     ClassSpec,
+    Proposers,
     Stream,
     make_stream,
 )
 
 __all__ = ["LOADS", "STATIC_KS", "STEP_NOISE", "WORKLOADS", "Adaptive", "Chooser", "ClassSpec",
-           "FixedK", "RunStats", "Stream", "controller_policy", "engine_cost_model",
+           "FixedK", "Proposers", "RunStats", "Stream", "controller_policy", "engine_cost_model",
            "format_table", "make_stream", "run_simulation", "simulate", "step_ms"]

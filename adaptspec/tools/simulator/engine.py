@@ -9,7 +9,7 @@ import numpy as np
 
 from adaptspec.controller import Controller
 from adaptspec.policy import CostModel, Policy
-from adaptspec.tools.simulator.stream import Stream
+from adaptspec.tools.simulator.stream import Proposers, Stream
 
 # ------------------------------------------------------------------------------ step time
 
@@ -89,13 +89,19 @@ class FixedK:
 
 
 class Adaptive:
-    """The adaptspec controller, driven the way an engine drives it."""
+    """The adaptspec controller, driven the way an engine drives it. With the stream's
+    `proposers` it is the hybrid: it also chooses who drafts (`chosen`, per batch position,
+    read by `simulate`), learns per proposer from what each drafted, and is told each step what
+    a model proposer's passes cost, as the plugin's worker tells it."""
 
     def __init__(self, policy: Policy, stream: Stream, concurrency: int, seed: int) -> None:
-        self.ctl = Controller(policy, seed=seed)
+        names = stream.proposers.names if stream.proposers is not None else ("ngram",)
+        self.ctl = Controller(policy, seed=seed, proposers=names)
         self.names = stream.names
         self.cls = stream.cls
         self.slots = np.zeros(concurrency, dtype=np.int64)
+        self.chosen: np.ndarray | None = (None if stream.proposers is None
+                                          else np.zeros(concurrency, dtype=np.int64))
 
     def admit(self, positions: np.ndarray, reqs: np.ndarray) -> None:
         for p, r in zip(positions.tolist(), reqs.tolist(), strict=True):
@@ -108,7 +114,14 @@ class Adaptive:
     def choose(self, reqs: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
                last_ms: float | None) -> np.ndarray:
         t = None if last_ms is None else last_ms / 1e3
-        return self.ctl.step(self.slots, drafted, accepted, t)
+        if self.chosen is None:
+            return self.ctl.step(self.slots, drafted, accepted, t)
+        ks = self.ctl.step(self.slots, drafted, accepted, t, sources=self.chosen)
+        self.chosen = self.ctl.req_proposer[self.slots].copy()
+        return ks
+
+    def passes(self, proposer: int, ms: float, passes: int, catchup_tokens: int) -> None:
+        self.ctl.record_pass_cost(proposer, ms, passes, catchup_tokens)
 
 
 # ------------------------------------------------------------------------------ one run
@@ -165,6 +178,30 @@ def _itl_summary(names: list[str], cls: np.ndarray, gaps: np.ndarray,
     return out
 
 
+def _model_passes(props: Proposers, chooser: Chooser, who: np.ndarray, ks: np.ndarray,
+                  reqs: np.ndarray, pos: np.ndarray, acc: np.ndarray, synced: np.ndarray
+                  ) -> float:
+    """Time (ms) of the model proposers' passes in one step, told to the chooser per proposer:
+    one pass per draft token of each request it drafts for, plus the catch-up over the tokens
+    its cache is missing beyond the one new token (the prompt at first use, the tokens made
+    while it was idle). Its cache then holds the accepted drafts."""
+    total = 0.0
+    for p in np.flatnonzero(props.pass_ms > 0).tolist():
+        mine = (who == p) & (ks > 0)
+        if not mine.any():
+            continue
+        r = reqs[mine]
+        catchup = int(np.maximum(pos[mine] - synced[p, r] - 1, 0).sum())
+        passes = int(ks[mine].sum())
+        ms = props.pass_ms[p] * passes + props.catchup_ms[p] * catchup
+        synced[p, r] = pos[mine] + acc[mine]
+        total += ms
+        report = getattr(chooser, "passes", None)
+        if report is not None:
+            report(p, ms, passes, catchup)
+    return total
+
+
 def simulate(stream: Stream, concurrency: int, n_done: int, cost: CostModel,
              noise: np.ndarray, chooser: Chooser, min_passes: int = 0) -> RunStats:
     """Run until `n_done` requests have finished; throughput counts every token emitted.
@@ -179,21 +216,31 @@ def simulate(stream: Stream, concurrency: int, n_done: int, cost: CostModel,
     last_ms: float | None = None
     nxt, done, steps, total_ms, n_drafted, n_accepted = concurrency, 0, 0, 0.0, 0, 0
     log_cls, log_gap, log_n = [], [], []
+    props = stream.proposers
+    # Per proposer and request: the output position up to which a model proposer's cache is
+    # current (its prompt is missing at first).
+    synced = (None if props is None
+              else np.tile(-props.prompt.astype(np.int64), (len(props.names), 1)))
     while done < n_done:
         ks = np.asarray(chooser.choose(reqs, drafted, accepted, last_ms), dtype=np.int64)
         if stream.avail is not None:
             ks = ks * stream.avail[reqs, pos]
+        who = getattr(chooser, "chosen", None)
         k_top = int(ks.max(initial=0))
         if k_top > 0:
             cols = np.arange(k_top)
             coins = stream.coins[reqs[:, None], pos[:, None] + cols]
-            ok = (coins < stream.alpha[reqs, :k_top]) & (cols < ks[:, None])
+            alpha = (stream.alpha[reqs, :k_top] if props is None or who is None
+                     else props.alpha[who, reqs, :k_top])
+            ok = (coins < alpha) & (cols < ks[:, None])
             acc = np.cumprod(ok, axis=1).sum(axis=1)  # the run of accepted drafts from the start
         else:
             acc = np.zeros(concurrency, dtype=np.int64)
         # The target's own token follows the accepted drafts; nothing past the request's end.
         emitted = np.minimum(acc + 1, length[reqs] - pos)
         expected_ms = float(step_ms(cost, concurrency, int(ks.sum()), max(k_top, min_passes)))
+        if props is not None and who is not None and synced is not None:
+            expected_ms += _model_passes(props, chooser, who, ks, reqs, pos, acc, synced)
         last_ms = expected_ms * noise[steps % len(noise)]
         steps += 1
         # Throughput and ITL add up the step's expected time: the noise does not depend on the

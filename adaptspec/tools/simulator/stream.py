@@ -84,13 +84,32 @@ WORKLOADS: dict[str, tuple[ClassSpec, ...]] = {
 
 
 @dataclass
+class Proposers:
+    """Several proposers for one stream, for a hybrid that chooses who drafts per request and
+    step. alpha [n_prop, n, width]: each proposer's true conditional acceptance per request and
+    draft position (the stream's own `alpha` is then unused). pass_ms [n_prop]: a proposer's
+    model pass per draft token, at batch 1 (the hybrid's draft model drafts one request at a
+    time; 0 for a model-free proposer); catchup_ms [n_prop]: per token the model must feed to
+    bring a request's cache up to date (its prompt on first use, tokens made while another
+    proposer drafted). prompt [n]: prompt tokens per request."""
+
+    names: tuple[str, ...]
+    alpha: np.ndarray
+    pass_ms: np.ndarray
+    catchup_ms: np.ndarray
+    prompt: np.ndarray
+
+
+@dataclass
 class Stream:
     """The requests of one load, in arrival order. alpha: [n, width] true conditional acceptance
     per draft position; coins: [n, max_len + width] uniforms per output position.
 
     avail [n, max_len + width], optional: False where the proposer has no draft at that output
     position, as vLLM's n-gram where it finds no match: nothing is drafted or verified, whatever
-    K was asked (adaptspec.tools.bench.calibrate fits the share to a measured engine)."""
+    K was asked (adaptspec.tools.bench.calibrate fits the share to a measured engine).
+    proposers, optional: several proposers (`Proposers`) for a chooser that also picks who
+    drafts (`Adaptive` with more than one proposer)."""
 
     names: list[str]
     cls: np.ndarray
@@ -98,6 +117,7 @@ class Stream:
     alpha: np.ndarray
     coins: np.ndarray
     avail: np.ndarray | None = None
+    proposers: Proposers | None = None
 
     @property
     def n(self) -> int:
