@@ -188,7 +188,7 @@ class Controller:
         proposer has measured passes), and plain decoding's step time there (ms). A pass of
         c ms delays every request in the batch: it costs the tokens the batch makes in c ms of
         plain decoding."""
-        plain_ms = float(fastpath.step_time(self.cost.coef, n, 0.0, 0.0, self.cost.knee))
+        plain_ms = self.cost.predict(n, 0.0, 0.0)
         if not self.pass_ms.any():
             return None, plain_ms
         return self.pass_ms * n / max(plain_ms, 1e-6), plain_ms
@@ -388,7 +388,7 @@ class Controller:
             sn = self.requests.sn[:, slots * n_prop + choice]
         ks, kinds, inc, threshold, self.last_predicted_ms = fastpath.decide(
             post, self._row_k_min, self._row_k_max, self._row_kind, self._row_slo_ms,
-            self.requests.shrinkage, sn, rows, explore, z, self.cost.coef, self.cost.knee,
+            self.requests.shrinkage, sn, rows, explore, z, self.cost.coef_at(n), self.cost.knee,
             p.latency_critical_slack, p.hysteresis_steps, self.req_prev_k, self.req_votes,
             slots)
         if pass_tokens is not None:
@@ -417,7 +417,7 @@ class Controller:
         # What the step costs with the other requests' drafts, and what each of the model's
         # tokens adds: its pass and its verification (the verify model's per-token term).
         rest = np.where(model, 0, ks)
-        coef, knee = self.cost.coef, self.cost.knee
+        coef, knee = self.cost.coef_at(len(ks)), self.cost.knee
         base = float(fastpath.step_time(coef, len(ks), float(rest.sum()),
                                         float(rest.max(initial=0)), knee))
         budget = (1.0 + self.policy.latency_critical_slack) * plain_ms - base

@@ -6,6 +6,12 @@ over the whole batch: vLLM drafts the longest K for every request and cuts after
 knee the extra verify tokens are almost free (a memory-bound GPU); above it every token costs
 (compute-bound, or a CPU from the first token). The policy's prior curve is the starting point
 and is worth `prior_weight` steps. Predicted time is coef . features (`step_time`).
+
+Plain decoding's step time by batch size is not a line: on two CPU cores 412 ms at 1 request,
+312 at 4, 655 at 16; a GPU has CUDA-graph sizes and a memory-bound to compute-bound knee. What
+the linear terms leave at each batch size is learned as a table (decayed mean residual per
+batch size) and added to the intercept for a batch of that size (`coef_at`), so that the
+kernels keep one formula.
 """
 
 from __future__ import annotations
@@ -21,6 +27,12 @@ from adaptspec.policy import CostModel
 __all__ = ["N_FEATURES", "StepCostModel", "features", "step_time"]
 
 
+# A batch size's residual is shrunk toward 0 as if this many steps had measured none.
+OFFSET_PRIOR_STEPS = 4.0
+# Batch sizes above this share the last entry of the table.
+TABLE_BATCHES = 1024
+
+
 class StepCostModel:
     """Predicts step time (ms) from the batch shape; `partial_fit` adds one measured step.
 
@@ -31,7 +43,12 @@ class StepCostModel:
     equals B + S - 1, from cancelling each other). The 7x7 normal equations are re-solved
     every `refit_every` steps, so the per-step cost is one row written into a ring buffer.
 
-    Attributes: coef (ms per feature), prior_coef, prior_scale (see `fit`), knee, n_updates.
+    What the linear terms leave at each batch size is kept per batch size (decayed sums over
+    the window of the residuals and of their weights, `offset_sum`, `offset_weight`), see
+    `offset` and `fit`.
+
+    Attributes: coef (ms per feature), prior_coef, prior_scale (see `fit`), knee, n_updates,
+    offset_sum, offset_weight.
     """
 
     def __init__(self, cfg: CostModel, window: int = 512, refit_every: int = 8) -> None:
@@ -66,6 +83,24 @@ class StepCostModel:
         # weighs as if the reference plan's drafts were all over the knee.
         x_ref[5] = max(float(x_ref[5]), 16.0)
         self._prior_prec = np.diag(cfg.prior_weight * np.maximum(x_ref / y_ref, 1e-6) ** 2)
+        self.offset_sum = np.zeros(TABLE_BATCHES + 1)
+        self.offset_weight = np.zeros(TABLE_BATCHES + 1)
+
+    def offset(self, batch: int) -> float:
+        """What a step of `batch` requests takes beyond the linear terms (ms): the decayed mean
+        of its residuals, shrunk toward 0 by OFFSET_PRIOR_STEPS steps."""
+        b = min(max(int(batch), 0), TABLE_BATCHES)
+        return float(self.offset_sum[b] / (self.offset_weight[b] + OFFSET_PRIOR_STEPS))
+
+    def coef_at(self, batch: int) -> np.ndarray:
+        """The coefficients for a batch of this size: the intercept carries its offset."""
+        coef = self.coef.copy()
+        coef[0] = max(coef[0] + self.offset(batch), 0.0)
+        return coef
+
+    def predict(self, batch: int, spec_tokens: float, max_k: float) -> float:
+        """Predicted step time (ms) of a plan."""
+        return float(step_time(self.coef_at(batch), batch, spec_tokens, max_k, self.knee))
 
     def partial_fit(self, batch: int, spec_tokens: int, max_k: int, step_ms: float) -> None:
         if not self.learn or not math.isfinite(step_ms) or step_ms <= 0:
@@ -107,8 +142,19 @@ class StepCostModel:
         prior_prec = self._prior_prec / max(ratio, 1.0) ** 2
         xw_t = (x * w[:, None]).T
         xtx = prior_prec + xw_t @ x
-        xty = prior_prec @ (self.prior_scale * self.prior_coef) + xw_t @ y
-        self.coef = _nonnegative_solve(xtx, xty, self._active)
+        xty_prior = prior_prec @ (self.prior_scale * self.prior_coef)
+        # The linear terms and the batch-size table (what the terms leave at each batch size,
+        # shrunk toward 0 by OFFSET_PRIOR_STEPS steps) by alternating fits on the window: the
+        # terms are fitted to what the table does not explain, so that a plain curve that is
+        # not a line does not bend the speculation terms, and the table stays the smallest
+        # that explains the rest (a batch size seldom seen keeps the line).
+        # One round per fit, from the last fit's table: the alternation goes on across fits.
+        b = np.minimum(np.maximum(x[:, 1].astype(np.int64), 0), TABLE_BATCHES)
+        table = self.offset_sum / (self.offset_weight + OFFSET_PRIOR_STEPS)
+        self.coef = _nonnegative_solve(xtx, xty_prior + xw_t @ (y - table[b]), self._active)
+        self.offset_weight = np.bincount(b, weights=decay, minlength=TABLE_BATCHES + 1)
+        self.offset_sum = np.bincount(b, weights=decay * (y - x @ self.coef),
+                                      minlength=TABLE_BATCHES + 1)
         return self
 
 

@@ -36,7 +36,7 @@ def policy(**kw: object) -> Policy:
 
 def predict(model: StepCostModel, batch: int, spec_tokens: int, max_k: int) -> float:
     """The model's step time (ms) for one plan."""
-    return float(step_time(model.coef, batch, float(spec_tokens), float(max_k), model.knee))
+    return model.predict(batch, float(spec_tokens), float(max_k))
 
 
 def run_chain(alpha: np.ndarray, k: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -107,6 +107,48 @@ def test_cost_model_learns_both_regimes() -> None:
         t = 6.5 + 0.02 * b + 0.027 * max(0, b + s - 180)
         m2.partial_fit(b, s, min(s, 8), t * rng.lognormal(0, 0.03))
     assert predict(m2, 8, 64, 8) - predict(m2, 8, 0, 0) < 1.0
+
+
+# Plain decoding's step time on two CPU cores (issue 16): 4 requests step faster than 1.
+PLAIN_CPU = {1: 412.0, 4: 312.0, 16: 655.0}
+
+
+def test_plain_step_time_is_learned_as_a_table_by_batch_size() -> None:
+    rng = np.random.default_rng(0)
+
+    def truth(b: int, s: int) -> float:
+        return PLAIN_CPU[b] + 20.0 * s + 15.0 * (s > 0)
+
+    m = StepCostModel(CostModel(preset="cpu"))
+    for _ in range(600):
+        b = int(rng.choice(list(PLAIN_CPU)))
+        s = 0 if rng.random() < 0.4 else int(rng.integers(1, 4 * b + 1))
+        m.partial_fit(b, s, min(s, 8), truth(b, s) * rng.lognormal(0, 0.03))
+    line = {b: float(step_time(m.coef, b, 0.0, 0.0, m.knee)) for b in PLAIN_CPU}
+    # No line with a non-negative slope passes through 412, 312 and 655 ...
+    assert max(abs(line[b] / PLAIN_CPU[b] - 1) for b in PLAIN_CPU) > 0.1, line
+    # ... the table does, and a speculating step keeps the linear terms on top of it.
+    for b, ms in PLAIN_CPU.items():
+        assert m.predict(b, 0, 0) == pytest.approx(ms, rel=0.05), b
+        assert m.predict(b, 2 * b, 2) == pytest.approx(truth(b, 2 * b), rel=0.08), b
+
+
+def test_the_controller_plans_with_the_table() -> None:
+    rng = np.random.default_rng(1)
+    ctl = Controller(policy(cost_model=CostModel(preset="cpu")))
+    slots = np.array([ctl.add_request(f"r{i}", "creative") for i in range(16)])
+    drafted = {b: np.zeros(b, dtype=np.int64) for b in PLAIN_CPU}
+    for _ in range(300):
+        b = int(rng.choice(list(PLAIN_CPU)))
+        d = drafted[b]
+        ms = PLAIN_CPU[b] + 20.0 * d.sum() + 15.0 * (d.sum() > 0)
+        drafted[b] = ctl.step(slots[:b], d, np.zeros(b, dtype=np.int64), ms / 1e3)
+    # Nothing is ever accepted: the controller stops drafting, and its plan for each batch
+    # size is plain decoding at that size's measured time.
+    for b, ms in PLAIN_CPU.items():
+        ks = ctl.step(slots[:b], drafted[b], np.zeros(b, dtype=np.int64), ms / 1e3)
+        assert not ks.any()
+        assert ctl.last_predicted_ms == pytest.approx(ms, rel=0.05), b
 
 
 def test_free_tokens_and_high_acceptance_speculate_fully() -> None:

@@ -148,7 +148,8 @@ def _reference_step(ctl: Controller, slots: np.ndarray, drafted: np.ndarray,
         if explore.any():
             z = ctl.rng.standard_normal((int(explore.sum()), kk))
     return ref.decide(est.posterior_sums(), ctl.cls_k_min, ctl.cls_k_max, ctl.cls_kind,
-                      ctl.cls_slo_ms, p.request_shrinkage, sn, cls, explore, z, ctl.cost.coef,
+                      ctl.cls_slo_ms, p.request_shrinkage, sn, cls, explore, z,
+                      ctl.cost.coef_at(len(slots)),
                       ctl.cost.knee, p.latency_critical_slack, p.hysteresis_steps,
                       ctl.req_prev_k, ctl.req_votes, slots)[0]
 
