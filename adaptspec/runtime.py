@@ -202,15 +202,18 @@ class AdaptiveRuntime:
     def k_map(self) -> dict[str, int]:
         return dict(self._k)
 
-    def record_draft_cost(self, ms: float, passes: int, catchup_tokens: int = 0) -> None:
+    def record_draft_cost(self, ms: float, passes: int, catchup_tokens: int = 0,
+                          forward_passes: int | None = None) -> None:
         """What the draft model ran for the drafts just proposed (a hybrid with a draft model):
-        its time, its forward passes and the tokens it caught up on."""
+        its time, its passes per request (a draft token each: what the controller prices),
+        the tokens it caught up on, and its forward passes (batched: fewer; None: `passes`)."""
         try:
             if "draft" in self.proposers:
                 self.controller.record_pass_cost(self.proposers.index("draft"), ms, passes,
                                                  catchup_tokens)
             if self.metrics is not None:
-                self.metrics.record_draft_model(passes, catchup_tokens)
+                self.metrics.record_draft_model(
+                    passes if forward_passes is None else forward_passes, catchup_tokens)
         except Exception:
             self._count_error()
             log.exception("adaptspec: recording the draft model's cost failed")

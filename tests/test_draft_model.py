@@ -76,3 +76,38 @@ def test_requests_are_independent_and_freed(model: Any) -> None:
     assert set(p._requests) == {"a", "c"}
     p.remove_request("a")
     assert set(p._requests) == {"c"}
+
+
+def test_batched_drafts_equal_the_readable_version(model: Any) -> None:
+    """propose_batch over requests of different lengths, K, idle gaps and rejections gives
+    each request what propose gives it alone, step after step (its cache cut back out of the
+    batch's stays exact), with one pass per draft position for the batch."""
+    import random
+
+    rng = random.Random(0)
+    batched, single = DraftModelProposer(model), DraftModelProposer(model)
+    seqs = {f"r{i}": [rng.randrange(4, 200) for _ in range(n)]
+            for i, n in enumerate((1, 2, 9, 23, 40))}
+    compared = 0
+    for step in range(10):
+        asks = [(r, list(s), 0 if (step + i) % 4 == 3 else 1 + (step + i) % 4)
+                for i, (r, s) in enumerate(seqs.items())]
+        # a request whose cache misses more than the one new token catches up first, alone
+        catchups = sum(1 for r, s, k in asks if k and len(s) - min(
+            _common_prefix(batched._requests[r].seq if r in batched._requests else [], s),
+            len(s) - 1) > 1)
+        passes = batched.passes
+        got = batched.propose_batch(asks)
+        want = [single.propose(r, s, k) for r, s, k in asks]
+        assert [d.tokens for d in got] == [d.tokens for d in want], step
+        for g, w in zip(got, want, strict=True):
+            assert g.confidence == pytest.approx(w.confidence, rel=1e-4)
+        # then the draft passes run once for the batch
+        assert batched.passes - passes == max(k for _, _, k in asks) + catchups
+        compared += sum(1 for _, _, k in asks if k)
+        for (r, _, k), d in zip(asks, want, strict=True):
+            accepted = rng.randrange(0, k + 1) if k else 0
+            seqs[r] += d.tokens[:accepted] + [rng.randrange(4, 200)]
+    assert compared > 30
+    assert batched.draft_tokens == single.draft_tokens
+    assert batched.passes < single.passes

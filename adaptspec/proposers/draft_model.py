@@ -20,14 +20,19 @@ Drafts are greedy token ids without their probabilities, like the n-gram propose
 rejection sampler then treats them as deterministic drafts (q one-hot), which keeps sampling
 lossless. ``confidence`` is the geometric mean of the draft's own probabilities of its tokens.
 
-This is the readable version: one request at a time, batch 1. Requests are not batched
-together yet (a padded batch with per-request cache lengths is the fast path to add, against
-a measured budget). ``passes`` and ``catchup_tokens`` count the work done, for metrics.
+``propose`` is the readable version: one request at a time, batch 1. ``propose_batch`` is the
+production path for a step's requests: each request's catch-up runs on its own cache (a
+prefill, which costs what its tokens cost batched or not), then the k draft passes run once
+for the whole batch over the request caches left-padded to one length, and each request's
+cache is cut back out. tests/test_draft_model.py checks it against ``propose``. ``passes``
+(forward passes), ``draft_tokens`` (tokens drafted) and ``catchup_tokens`` count the work.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from adaptspec.proposers import Draft, TokenIds, as_token_list
@@ -59,6 +64,7 @@ class DraftModelProposer:
         self.model = model.eval()
         self.max_requests = max_requests
         self.passes = 0
+        self.draft_tokens = 0
         self.catchup_tokens = 0
         self._torch = torch
         self._requests: OrderedDict[str, _DraftState] = OrderedDict()
@@ -103,8 +109,64 @@ class DraftModelProposer:
                 out.append(tok)
                 log_p += float(torch.log(probs[tok].clamp_min(1e-12)))
                 feed = [tok]
-        conf = min(1.0, max(0.0, float(torch.exp(torch.tensor(log_p / len(out))))))
-        return Draft(out, conf)
+        self.draft_tokens += len(out)
+        return Draft(out, _confidence(log_p, len(out)))
+
+    def propose_batch(self, requests: Sequence[tuple[str, TokenIds, int]]) -> list[Draft]:
+        """Drafts for several requests (req_id, token_ids, k): what ``propose`` gives each,
+        with one forward pass per draft position for all of them (see the module docstring)."""
+        torch = self._torch
+        out = [Draft() for _ in requests]
+        rows = [(i, self._state(r), as_token_list(t), k)
+                for i, (r, t, k) in enumerate(requests) if k > 0]
+        if not rows:
+            return out
+        lasts = []
+        with torch.inference_mode():
+            for _, st, toks, _ in rows:
+                common = _common_prefix(st.seq, toks)
+                if common == len(toks):
+                    common -= 1
+                if common < len(st.seq):
+                    st.cache.crop(common - len(st.seq))
+                    del st.seq[common:]
+                feed = toks[common:]
+                if len(feed) > 1:  # catch-up: all but the last token, which drafts with the rest
+                    self.model(input_ids=torch.tensor([feed[:-1]]), past_key_values=st.cache,
+                               use_cache=True)
+                    self.passes += 1
+                    self.catchup_tokens += len(feed) - 1
+                    st.seq.extend(feed[:-1])
+                lasts.append(feed[-1])
+            lengths = [len(st.seq) for _, st, _, _ in rows]
+            ks = [k for _, _, _, k in rows]
+            width = max(lengths)
+            cache = _left_padded([st.cache for _, st, _, _ in rows], lengths, width)
+            mask = torch.tensor([[0] * (width - n) + [1] * (n + 1) for n in lengths])
+            pos = torch.tensor(lengths)[:, None]
+            ids = torch.tensor(lasts)[:, None]
+            drafted: list[list[int]] = [[] for _ in rows]
+            log_p = [0.0] * len(rows)
+            for j in range(max(ks)):
+                logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                                    past_key_values=cache, use_cache=True).logits[:, -1]
+                self.passes += 1
+                probs = torch.softmax(logits.float(), dim=-1)
+                tok = torch.argmax(probs, dim=-1)
+                chosen = torch.log(probs.gather(1, tok[:, None]).clamp_min(1e-12))[:, 0]
+                for r, (t, lp) in enumerate(zip(tok.tolist(), chosen.tolist(), strict=True)):
+                    if j < ks[r]:
+                        drafted[r].append(t)
+                        log_p[r] += lp
+                ids, pos = tok[:, None], pos + 1
+                mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype)], dim=1)
+        # Each request keeps its tokens and its drafts but the last (never fed), as `propose`.
+        for r, (i, st, _, k) in enumerate(rows):
+            st.cache = _row_cache(cache, r, width - lengths[r], width + k)
+            st.seq.extend([lasts[r], *drafted[r][:-1]])
+            out[i] = Draft(drafted[r], _confidence(log_p[r], k))
+            self.draft_tokens += k
+        return out
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -119,6 +181,43 @@ class DraftModelProposer:
                 reqs.popitem(last=False)
         reqs.move_to_end(req_id)
         return st
+
+
+def _confidence(log_p: float, n: int) -> float:
+    """The geometric mean of the draft's own probabilities of its n tokens."""
+    return min(1.0, max(0.0, math.exp(log_p / n)))
+
+
+def _left_padded(caches: list[Any], lengths: list[int], width: int) -> Any:
+    """One DynamicCache for the batch: each request's keys and values, zeros on the left up to
+    `width` positions (masked by the attention mask)."""
+    import torch
+    from transformers import DynamicCache
+
+    if width == 0:
+        return DynamicCache()
+    longest = caches[lengths.index(width)]  # (it has every layer; an empty cache has none)
+    layers = []
+    for li, ref in enumerate(longest.layers):
+        kv = []
+        for part in ("keys", "values"):
+            heads, dim = getattr(ref, part).shape[1], getattr(ref, part).shape[3]
+            rows = []
+            for c, n in zip(caches, lengths, strict=True):
+                pad = ref.keys.new_zeros((1, heads, width - n, dim))
+                rows.append(torch.cat([pad, getattr(c.layers[li], part)], dim=2) if n else pad)
+            kv.append(torch.cat(rows, dim=0))
+        layers.append(tuple(kv))
+    return DynamicCache(ddp_cache_data=layers)
+
+
+def _row_cache(cache: Any, row: int, start: int, stop: int) -> Any:
+    """Request `row`'s own cache, positions start..stop of the batch's."""
+    from transformers import DynamicCache
+
+    return DynamicCache(ddp_cache_data=[
+        (layer.keys[row:row + 1, :, start:stop].contiguous(),
+         layer.values[row:row + 1, :, start:stop].contiguous()) for layer in cache.layers])
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

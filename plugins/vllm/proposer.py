@@ -105,6 +105,10 @@ class _AdaptiveProposer:
         """One request's draft of up to k tokens, and the index of the proposer that made it."""
         return self.core.propose(req_id, token_ids, k), 0
 
+    def draft_many(self, asks: list[tuple[str, Any, int]]) -> list[tuple[core.Draft, int]]:
+        """The step's drafts, (req_id, token_ids, k) each: `draft` for each by default."""
+        return [self.draft(req_id, token_ids, k) for req_id, token_ids, k in asks]
+
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """Model-free: nothing to load."""
 
@@ -118,19 +122,19 @@ class _AdaptiveProposer:
             return [[] for _ in sampled_token_ids]
         confidence = getattr(_step, "confidence", None)
         sources = getattr(_step, "source", None)
-        drafts: list[list[int]] = []
+        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        rows, asks = [], []
         for i, sampled in enumerate(sampled_token_ids):
             if not sampled:  # a prefill chunk that produced no token yet
-                drafts.append([])
                 continue
             req_id = req_ids[i]
             k = self.k_max if k_map is None else min(k_map.get(req_id, self.k_max), self.k_max)
-            if k <= 0:
-                drafts.append([])
-                continue
-            n = int(num_tokens_no_spec[i])
-            draft, source = self.draft(req_id, token_ids_cpu[i, :n], k)
-            drafts.append(draft.tokens)
+            if k > 0:
+                rows.append(i)
+                asks.append((req_id, token_ids_cpu[i, :int(num_tokens_no_spec[i])], k))
+        for i, (req_id, _, _), (draft, source) in zip(rows, asks, self.draft_many(asks),
+                                                      strict=True):
+            drafts[i] = draft.tokens
             if confidence is not None and draft.tokens:
                 confidence[req_id] = draft.confidence
             if sources is not None:
@@ -186,20 +190,33 @@ class HybridProposer(_AdaptiveProposer):
         return self.cores[0]
 
     def draft(self, req_id: str, token_ids: Any, k: int) -> tuple[core.Draft, int]:
+        return self.draft_many([(req_id, token_ids, k)])[0]
+
+    def draft_many(self, asks: list[tuple[str, Any, int]]) -> list[tuple[core.Draft, int]]:
+        """The model-free proposers draft request by request; the draft model drafts all of
+        its requests together (DraftModelProposer.propose_batch)."""
         chosen = getattr(_step, "proposer_map", None) or {}
-        p = min(max(int(chosen.get(req_id, 0)), 0), len(self.cores) - 1)
-        for q, c in enumerate(self.cores):
-            if q != p:
-                c.observe(req_id, token_ids)
-        c = self.cores[p]
-        if p < len(self.NAMES):
-            return c.propose(req_id, token_ids, k), p
-        passes, catchup, t0 = c.passes, c.catchup_tokens, time.perf_counter()
-        d = c.propose(req_id, token_ids, k)
-        ms, n = (time.perf_counter() - t0) * 1e3, c.passes - passes
-        prev = getattr(_step, "draft_cost", None) or (0.0, 0, 0)
-        _step.draft_cost = (prev[0] + ms, prev[1] + n, prev[2] + c.catchup_tokens - catchup)
-        return d, p
+        out: list[tuple[core.Draft, int]] = [(core.Draft(), 0)] * len(asks)
+        model_rows = []
+        for i, (req_id, token_ids, k) in enumerate(asks):
+            p = min(max(int(chosen.get(req_id, 0)), 0), len(self.cores) - 1)
+            for q, c in enumerate(self.cores):
+                if q != p:
+                    c.observe(req_id, token_ids)
+            if p < len(self.NAMES):
+                out[i] = (self.cores[p].propose(req_id, token_ids, k), p)
+            else:
+                model_rows.append(i)
+        if model_rows:
+            p, c = len(self.cores) - 1, self.cores[-1]
+            before, t0 = (c.passes, c.draft_tokens, c.catchup_tokens), time.perf_counter()
+            drafts = c.propose_batch([asks[i] for i in model_rows])
+            for i, d in zip(model_rows, drafts, strict=True):
+                out[i] = (d, p)
+            # (time, draft tokens: what the controller prices, catch-up tokens, forward passes)
+            _step.draft_cost = ((time.perf_counter() - t0) * 1e3, c.draft_tokens - before[1],
+                                c.catchup_tokens - before[2], c.passes - before[0])
+        return out
 
     def _forget_finished(self, req_ids: list[str]) -> None:
         current = set(req_ids)

@@ -148,22 +148,23 @@ def _patch_runtime(runtime_module: Any) -> None:
 
 def _patch_hybrid(proposer_module: Any) -> None:
     Hybrid = proposer_module.HybridProposer
-    if getattr(Hybrid.draft, "_testhook", False):
+    if getattr(Hybrid.draft_many, "_testhook", False):
         return
-    draft = Hybrid.draft
+    draft_many = Hybrid.draft_many
 
-    def logged_draft(self: Any, req_id: str, token_ids: Any, k: int) -> Any:
-        d, source = draft(self, req_id, token_ids, k)
+    def logged_draft_many(self: Any, asks: list) -> Any:
+        out = draft_many(self, asks)
         path = os.environ.get(DRAFT_LOG_ENV)
         if path:
             with open(path, "a") as f:
-                f.write(json.dumps({"req": req_id, "context": [int(t) for t in token_ids],
-                                    "source": int(source), "k": int(k),
-                                    "draft": [int(t) for t in d.tokens]}) + "\n")
-        return d, source
+                for (req_id, token_ids, k), (d, source) in zip(asks, out, strict=True):
+                    f.write(json.dumps({"req": req_id, "context": [int(t) for t in token_ids],
+                                        "source": int(source), "k": int(k),
+                                        "draft": [int(t) for t in d.tokens]}) + "\n")
+        return out
 
-    logged_draft._testhook = True  # type: ignore[attr-defined]
-    Hybrid.draft = logged_draft
+    logged_draft_many._testhook = True  # type: ignore[attr-defined]
+    Hybrid.draft_many = logged_draft_many
 
 
 def _patch(controller_module: Any) -> None:
