@@ -248,7 +248,13 @@ class Policy(_Strict):
     max_requests: int = Field(4096, ge=1, le=1_000_000)
     cost_model: CostModel = Field(default_factory=lambda: CostModel(preset="cpu"))
     payoff: Payoff = Field(default_factory=Payoff)
-    state_file: str | None = Field(None, description="snapshot of learned state (vLLM plugin)")
+    state_file: str | None = Field(
+        None, description="snapshot of learned state (vLLM plugin); with data parallelism each "
+        "engine writes its own, the engine's index before the suffix (state.engine1.json)")
+    warm_start: str | None = Field(
+        None, description="a snapshot read (never written) at start-up when the state file "
+        "restores nothing: a new replica starts from another's learning (`adaptspec state "
+        "merge` makes one from several engines' files)")
     snapshot_interval_s: float = Field(60.0, gt=0)
 
     @field_validator("classes")

@@ -35,8 +35,11 @@ class AdaptiveRuntime:
 
     def __init__(self, policy: Policy, *, k_cap: int, metrics: Metrics | None = None,
                  model: str | None = None, seed: int | None = 0,
-                 proposers: Sequence[str] = ("ngram",)) -> None:
+                 proposers: Sequence[str] = ("ngram",), engine: int = 0,
+                 engines: int = 1) -> None:
         self.policy = policy
+        # One engine of `engines` (data parallelism): its own state file.
+        self.state_file = snapshot.engine_path(policy.state_file, engine, engines)
         self.k_cap = max(0, int(k_cap))
         self.model = model
         self.metrics = metrics
@@ -58,11 +61,14 @@ class AdaptiveRuntime:
         self._k: dict[str, int] = {}
         self._p: dict[str, int] = {}  # proposer per request, with more than one proposer
         self._last_snapshot = time.monotonic()
-        if policy.state_file:
+        restored = 0
+        for path in (self.state_file, policy.warm_start):
+            if not path or restored:
+                continue
             try:
-                n = snapshot.load(self.controller, policy.state_file)
-                if n:
-                    log.info("adaptspec: restored %d classes from %s", n, policy.state_file)
+                restored = snapshot.load(self.controller, path)
+                if restored:
+                    log.info("adaptspec: restored %d classes from %s", restored, path)
             except (snapshot.SnapshotError, OSError) as e:
                 self._count_error()
                 log.warning("adaptspec: ignoring state snapshot (%s); starting from priors", e)
@@ -239,7 +245,7 @@ class AdaptiveRuntime:
 
     def maybe_snapshot(self, force: bool = False) -> bool:
         """Write the state file if the policy names one and the interval has passed."""
-        path = self.policy.state_file
+        path = self.state_file
         if not path:
             return False
         now = time.monotonic()

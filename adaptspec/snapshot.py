@@ -123,8 +123,13 @@ def load_state_dict(ctl: Controller, state: dict[str, Any]) -> int:
 
 def save(ctl: Controller, path: str | Path) -> None:
     """Write the snapshot atomically (temp file, fsync, rename), readable by the owner only."""
+    write(state_dict(ctl), path)
+
+
+def write(state: dict[str, Any], path: str | Path) -> None:
+    """Write a state dict as `save` does."""
     path = Path(path)
-    data = json.dumps(state_dict(ctl), separators=(",", ":")).encode()
+    data = json.dumps(state, separators=(",", ":")).encode()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o600)
@@ -156,6 +161,73 @@ def _remove_stale_temps(path: Path) -> None:
                 pass
     except OSError:
         pass
+
+
+def engine_path(path: str | None, engine: int, engines: int) -> str | None:
+    """The state file of one engine of `engines` (data parallelism): its index before the
+    suffix, so that engines never write one file; one engine keeps the name as given."""
+    if not path or engines <= 1:
+        return path
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.engine{engine}{p.suffix}"))
+
+
+def merge(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """One snapshot from several engines' (data-parallel ranks, replicas): the evidence of each
+    (proposer, class, position) is summed (each engine saw other requests; the sum is what
+    one engine would hold had it seen them all, decayed as each engine decayed its own), steps
+    add up, and the step-time coefficients are the mean weighted by steps (one hardware). A
+    file without "proposers" (older) counts as the evidence of the first proposer named."""
+    if not states:
+        raise SnapshotError("nothing to merge")
+    for st in states:
+        if not isinstance(st, dict) or st.get("format") != FORMAT or st.get("version") != VERSION:
+            raise SnapshotError("not an adaptspec state snapshot of version "
+                                f"{VERSION}")
+    first = next((next(iter(st["proposers"])) for st in states if st.get("proposers")),
+                 "ngram")
+    evidence: dict[str, dict[str, list[np.ndarray]]] = {}
+    for st in states:
+        by_prop = st.get("proposers") or {first: st.get("classes", {})}
+        for prop, classes in by_prop.items():
+            for name, rec in classes.items():
+                try:
+                    sf = [np.asarray(rec[key], dtype=float) for key in ("succ", "fail")]
+                except (KeyError, TypeError, ValueError) as e:
+                    raise SnapshotError(f"{prop}/{name}: {e}") from None
+                if sf[0].shape != sf[1].shape or sf[0].ndim != 1 or not all(
+                        np.isfinite(a).all() and (a >= 0).all() for a in sf):
+                    raise SnapshotError(f"{prop}/{name}: bad succ/fail")
+                acc = evidence.setdefault(prop, {}).setdefault(name, [np.zeros(0)] * 2)
+                for i in range(2):
+                    n = max(len(acc[i]), len(sf[i]))
+                    acc[i] = np.pad(acc[i], (0, n - len(acc[i]))) + np.pad(sf[i],
+                                                                           (0, n - len(sf[i])))
+    steps = [max(int(st.get("steps", 0) or 0), 0) for st in states]
+    coefs = [(np.asarray(st["cost_coef_ms"], dtype=float), w) for st, w in zip(states, steps,
+                                                                             strict=True)
+             if st.get("cost_coef_ms") is not None]
+    out: dict[str, Any] = {
+        "format": FORMAT, "version": VERSION,
+        "k_max": max(int(st.get("k_max", 0) or 0) for st in states),
+        "steps": sum(steps),
+        "proposers": {p: {n: {"succ": s.tolist(), "fail": f.tolist()} for n, (s, f) in cs.items()}
+                      for p, cs in evidence.items()},
+    }
+    out["classes"] = out["proposers"].get(first, {})
+    if coefs and len({c.shape for c, _ in coefs}) == 1:
+        w = np.array([max(w, 1) for _, w in coefs], dtype=float)
+        out["cost_coef_ms"] = (np.stack([c for c, _ in coefs]) * w[:, None]).sum(0) / w.sum()
+        out["cost_coef_ms"] = out["cost_coef_ms"].tolist()
+    return out
+
+
+def read(path: str | Path) -> dict[str, Any]:
+    """A snapshot file's state dict (not checked against a controller)."""
+    try:
+        return json.loads(Path(path).read_bytes())
+    except (ValueError, RecursionError) as e:
+        raise SnapshotError(f"{path}: not valid JSON ({str(e)[:200]})") from None
 
 
 def load(ctl: Controller, path: str | Path) -> int:

@@ -77,9 +77,11 @@ class AdaptiveScheduler(Scheduler):
         model = names[0] if isinstance(names, list) else names
         from adaptspec_vllm.proposer import proposer_names
 
+        parallel = vllm_config.parallel_config
         self.runtime = AdaptiveRuntime(
             policy, k_cap=spec.num_speculative_tokens, metrics=metrics, model=model,
-            proposers=proposer_names(spec),
+            proposers=proposer_names(spec), engine=int(parallel.data_parallel_rank),
+            engines=int(parallel.data_parallel_size),
         )
         log.info("adaptspec: adaptive K on (policy %s, proposers %s, K <= %d, classes %s)",
                  source or "<built-in default>", "/".join(self.runtime.proposers),
