@@ -87,6 +87,10 @@ class Metrics:
             "adaptspec_draft_model_catchup_tokens", "Tokens the hybrid's draft model fed to "
             "bring a request's cache up to date (after idle steps, rejected drafts, prompts)",
             **kw)
+        self.draft_cost = Gauge(
+            "adaptspec_draft_model_cost_ms", "The controller's fit of what the hybrid's draft "
+            "model costs: ms per draft token and per catch-up token", ["kind"],
+            multiprocess_mode="mostrecent", **kw)
 
     def unregister(self) -> None:
         """Take these series out of their registry, so another Metrics may take the names."""
@@ -94,7 +98,7 @@ class Metrics:
                   self.drafted_per_pos, self.steps, self.chosen_k, self.acceptance,
                   self.confidence_cut, self.errors, self.step_time, self.payoff_held,
                   self.payoff_lost, self.payoff_saved, self.payoff_account, self.draft_passes,
-                  self.catchup_tokens):
+                  self.catchup_tokens, self.draft_cost):
             try:
                 self._registry.unregister(c)
             except KeyError:  # already out
@@ -126,9 +130,15 @@ class Metrics:
         if account_ms is not None:
             self.payoff_account.set(account_ms)
 
-    def record_draft_model(self, passes: int, catchup_tokens: int) -> None:
+    def record_draft_model(self, passes: int, catchup_tokens: int,
+                           cost_ms: tuple[float, float] | None = None) -> None:
+        """The draft model's forward passes and catch-up tokens of a step, and the controller's
+        fit of its cost after it (ms per draft token, per catch-up token)."""
         self.draft_passes.inc(max(int(passes), 0))
         self.catchup_tokens.inc(max(int(catchup_tokens), 0))
+        if cost_ms is not None:
+            self.draft_cost.labels("per_token").set(cost_ms[0])
+            self.draft_cost.labels("per_catchup_token").set(cost_ms[1])
 
     def record_confidence_cut(self, removed: dict[str, int]) -> None:
         """Draft tokens dropped per class name by Controller.cut."""

@@ -214,12 +214,14 @@ class AdaptiveRuntime:
         its time, its passes per request (a draft token each: what the controller prices),
         the tokens it caught up on, and its forward passes (batched: fewer; None: `passes`)."""
         try:
+            cost = None
             if "draft" in self.proposers:
-                self.controller.record_pass_cost(self.proposers.index("draft"), ms, passes,
-                                                 catchup_tokens)
+                p = self.proposers.index("draft")
+                self.controller.record_pass_cost(p, ms, passes, catchup_tokens)
+                cost = (float(self.controller.pass_ms[p]), float(self.controller.catchup_ms[p]))
             if self.metrics is not None:
                 self.metrics.record_draft_model(
-                    passes if forward_passes is None else forward_passes, catchup_tokens)
+                    passes if forward_passes is None else forward_passes, catchup_tokens, cost)
         except Exception:
             self._count_error()
             log.exception("adaptspec: recording the draft model's cost failed")

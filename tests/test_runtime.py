@@ -226,3 +226,24 @@ def test_runtime_cut_shortens_doubtful_drafts_counts_them_and_survives_faults() 
     errors = rt.errors
     assert rt.cut(ids, planned, [0.0] * 6) == planned
     assert rt.errors == errors + 1
+
+
+def test_the_draft_models_cost_is_counted_and_its_fit_exported() -> None:
+    reg = CollectorRegistry()
+    pol = make_policy()
+    rt = AdaptiveRuntime(pol, k_cap=4, metrics=Metrics(pol.max_classes, pol.k_max, registry=reg),
+                         proposers=("ngram", "suffix", "draft"))
+    # batched: 3 forward passes drafted 6 tokens; 40 tokens of catch-up
+    rt.record_draft_cost(60.0, 6, 40, forward_passes=3)
+    rt.record_draft_cost(30.0, 6, 0, forward_passes=3)
+    text = metrics_text(reg)
+    assert "adaptspec_draft_model_passes_total 6.0" in text
+    assert "adaptspec_draft_model_catchup_tokens_total 40.0" in text
+    # 6 tokens at 5 ms and 40 catch-up tokens at 0.75 ms explain both steps
+    assert rt.controller.pass_ms[2] == pytest.approx(5.0)
+    assert rt.controller.catchup_ms[2] == pytest.approx(0.75)
+    from prometheus_client.parser import text_string_to_metric_families
+
+    cost = {s.labels["kind"]: s.value for f in text_string_to_metric_families(text)
+            if f.name == "adaptspec_draft_model_cost_ms" for s in f.samples}
+    assert cost == pytest.approx({"per_token": 5.0, "per_catchup_token": 0.75})

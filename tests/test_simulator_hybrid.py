@@ -216,10 +216,16 @@ def test_hybrid_cells_are_predicted_in_and_out_of_sample() -> None:
     assert "simulated hybrid" in report and "out of sample" in report
 
 
-def test_a_hybrid_with_a_draft_model_is_skipped_with_the_reason(policy: Policy) -> None:
+def test_a_hybrid_with_a_draft_model_needs_its_cost(policy: Policy) -> None:
     result = _hybrid_result(draft_cost=True)
     rows, cells = stepfit.observations(result)
     check = calibrate_hybrid.hybrid_check(result, rows, cells,
                                           calibrate.cost_at(stepfit.fit_cost(rows)), policy)
     assert check["cells"] == []
-    assert "pass time" in check["skipped"]["adaptspec_hybrid"]
+    assert "cost is not recorded" in check["skipped"]["adaptspec_hybrid"]
+    # with the controller's fit of the draft model's cost in every cell, it is simulated
+    for cell in result["summary"]["adaptspec_hybrid"].values():
+        cell["draft_model_cost_ms"] = {"per_token": 1.0, "per_catchup_token": 0.1}
+    check = calibrate_hybrid.hybrid_check(result, rows, cells,
+                                          calibrate.cost_at(stepfit.fit_cost(rows)), policy)
+    assert check["cells"] and not check["skipped"]

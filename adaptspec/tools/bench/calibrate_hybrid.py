@@ -18,8 +18,10 @@ calibrate.py. Each cell is predicted twice:
 * out of sample: the acceptance fitted to the same configuration's cells at the other
   concurrencies (none there: no out-of-sample prediction).
 
-Only model-free hybrids are simulated: a hybrid with a draft model would need the time of the
-draft's passes, which bench.json does not record (such configurations are listed as skipped).
+A hybrid with a draft model is simulated with the draft's cost as its controller had fitted
+it by the cell's end (ms per draft token, per catch-up token: `draft_model_cost_ms`, from the
+adaptspec_draft_model_cost_ms gauge), a request's first use catching up on its class's mean
+prompt; a cell that did not record it is listed as skipped.
 """
 
 from __future__ import annotations
@@ -83,10 +85,12 @@ def proposer_alphas(result: dict[str, Any], config: str, concurrencies: list[str
 
 
 def simulate_hybrid(stream_parts: dict[str, Any], alphas: dict[str, dict[str, float]],
-                    cost: CostModel, policy: Policy, conc: int, seed: int
-                    ) -> dict[str, float]:
+                    cost: CostModel, policy: Policy, conc: int, seed: int,
+                    model_cost: dict[str, tuple[float, float]] | None = None,
+                    prompts: dict[str, float] | None = None) -> dict[str, float]:
     """Decode tokens/s of plain decoding and of the hybrid controller on one batch size's
-    stream (calibrate._mix_stream's parts)."""
+    stream (calibrate._mix_stream's parts). model_cost: {proposer: (ms per draft token, per
+    catch-up token)} of the proposers that run a model; prompts: mean prompt tokens by class."""
     names, cls, length = stream_parts["names"], stream_parts["cls"], stream_parts["length"]
     rng = np.random.default_rng([seed, conc, 1])
     width = max(policy.k_max, 1)
@@ -95,10 +99,13 @@ def simulate_hybrid(stream_parts: dict[str, Any], alphas: dict[str, dict[str, fl
         np.array([alphas[p].get(names[c], alphas[p]["*"]) for c in cls])[:, None]
         * np.ones(width) for p in props])
     coins = rng.random((len(cls), int(length.max()) + width), dtype=np.float32)
-    zeros = np.zeros(len(props))
+    model_cost = model_cost or {}
+    pass_ms = np.array([model_cost.get(p, (0.0, 0.0))[0] for p in props])
+    catchup_ms = np.array([model_cost.get(p, (0.0, 0.0))[1] for p in props])
+    prompt = np.array([round((prompts or {}).get(names[c], 0.0)) for c in cls], dtype=np.int64)
     stream = sim.Stream(names, cls, length, alpha[0], coins,
-                        proposers=sim.Proposers(tuple(props), alpha, zeros, zeros,
-                                                np.zeros(len(cls), dtype=np.int64)))
+                        proposers=sim.Proposers(tuple(props), alpha, pass_ms, catchup_ms,
+                                                prompt))
     noise = rng.lognormal(-sim.STEP_NOISE ** 2 / 2, sim.STEP_NOISE, 4096)
     n_done = len(cls) - conc
     free = cost.model_copy(update={"per_draft_position_ms": 0.0, "per_request_pass_ms": 0.0})
@@ -120,11 +127,18 @@ def hybrid_check(result: dict[str, Any], rows: list[dict[str, Any]],
     fitted: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     for config, proposers in hybrid_configs(result).items():
-        if any(p in MODEL_PROPOSERS for p in proposers):
-            skipped[config] = "its draft model's pass time is not recorded in bench.json"
-            continue
         concs = sorted(result["summary"][config], key=int)
+        cells_of = result["summary"][config]
+        if any(p in MODEL_PROPOSERS for p in proposers) and not all(
+                "draft_model_cost_ms" in cells_of[c] for c in concs):
+            skipped[config] = "its draft model's cost is not recorded in bench.json"
+            continue
         for conc in concs:
+            fit = cells_of[conc].get("draft_model_cost_ms", {})
+            model_cost = {p: (fit.get("per_token", 0.0), fit.get("per_catchup_token", 0.0))
+                          for p in proposers if p in MODEL_PROPOSERS}
+            prompts = {cls: row.get("prompt_tokens_mean", 0.0)
+                       for cls, row in cells_of[conc]["classes"].items()}
             others = [c for c in concs if c != conc]
             for in_fit, source in ((True, [conc]), (False, others)):
                 alphas = proposer_alphas(result, config, source, proposers) if source else None
@@ -138,7 +152,8 @@ def hybrid_check(result: dict[str, Any], rows: list[dict[str, Any]],
                 decode_s: dict[tuple[str, int], float] = {}
                 for batch in sorted({r["batch"] for r in here}):
                     parts = _mix_stream(result, policy, batch, seed, conc)
-                    tps = simulate_hybrid(parts, alphas, cost_at(batch), policy, batch, seed)
+                    tps = simulate_hybrid(parts, alphas, cost_at(batch), policy, batch, seed,
+                                          model_cost, prompts)
                     for r in here:
                         if r["batch"] == batch:
                             key = (r["config"], int(conc))

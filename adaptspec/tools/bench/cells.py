@@ -119,7 +119,12 @@ def _spec_counters(m: dict[str, dict]) -> dict[str, float]:
             "vllm:spec_decode_num_accepted_tokens_total",
             # adaptspec's in-engine account of its speculating steps against plain decoding
             "adaptspec_payoff_lost_ms_total", "adaptspec_payoff_saved_ms_total")
-    return {k: sum(m.get(k, {}).values()) for k in keys}
+    out = {k: sum(m.get(k, {}).values()) for k in keys}
+    # the hybrid's draft model: the controller's fit of its cost (ms per draft token, per
+    # catch-up token), for the simulator's hybrid
+    for labels, v in m.get("adaptspec_draft_model_cost_ms", {}).items():
+        out[f"draft_model_ms_{dict(labels).get('kind', '?')}"] = v
+    return out
 
 
 def run_cell(server: Server, stream: list[workload.Request], prompts: dict[str, str],

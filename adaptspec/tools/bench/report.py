@@ -139,6 +139,10 @@ def summarize_cell(cell: dict[str, Any], static_k: int | None) -> dict[str, Any]
         "vllm_draft_tokens": draft_tokens,
         "vllm_accepted_tokens": acc,
         "classes": classes,
+        # the hybrid's draft model, as the controller fitted it by the cell's end
+        **({"draft_model_cost_ms": {k.removeprefix("draft_model_ms_"): v
+                                    for k, v in sa.items() if k.startswith("draft_model_ms_")}}
+           if any(k.startswith("draft_model_ms_") for k in sa) else {}),
     }
 
 
