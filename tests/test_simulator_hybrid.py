@@ -184,8 +184,9 @@ def _hybrid_result(draft_cost: bool = False) -> dict[str, Any]:
 
 def test_per_proposer_acceptance_is_inverted_from_the_cells() -> None:
     result = _hybrid_result()
-    assert calibrate_hybrid.hybrid_configs(result) == {"adaptspec_hybrid": ["ngram", "other",
-                                                                            "suffix"]}
+    # (in the hybrid server's order, the others after)
+    assert calibrate_hybrid.hybrid_configs(result) == {"adaptspec_hybrid": ["ngram", "suffix",
+                                                                            "other"]}
     alphas = calibrate_hybrid.proposer_alphas(result, "adaptspec_hybrid", ["1", "4"],
                                               ["ngram", "suffix", "other"])
     assert alphas is not None

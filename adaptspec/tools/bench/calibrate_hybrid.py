@@ -12,7 +12,9 @@ The simulator then serves the cell's class mix at each batch size the cell decod
 the step time fitted to the cells without adaptspec (stepfit.fit_cost), under the hybrid
 controller (simulator.Adaptive with the stream's proposers), and a cell's predicted decode
 time is the tokens it decoded at each batch size over the simulated throughput there, as in
-calibrate.py. Each cell is predicted twice:
+calibrate.py. As in the benchmark, the cells run one after another on one server: the
+simulated controller carries what it learned from one batch size and cell to the next. Each
+cell is predicted twice:
 
 * in sample: the acceptance fitted to the cell itself;
 * out of sample: the acceptance fitted to the same configuration's cells at the other
@@ -34,8 +36,11 @@ from adaptspec.policy import CostModel, Policy
 from adaptspec.tools import simulator as sim
 from adaptspec.tools.bench.stepfit import _ratio_cells
 
-# Proposers that run a model: their passes cost time the benchmark does not record.
+# Proposers that run a model: their passes cost time (recorded as draft_model_cost_ms).
 MODEL_PROPOSERS = ("draft",)
+# The hybrid server's order of its proposers (adaptspec_vllm.proposer.HybridProposer): the
+# controller's first proposer is its default, so the simulated one must have the same first.
+SERVER_ORDER = ("ngram", "suffix", "draft")
 
 
 def hybrid_configs(result: dict[str, Any]) -> dict[str, list[str]]:
@@ -49,7 +54,8 @@ def hybrid_configs(result: dict[str, Any]) -> dict[str, list[str]]:
             for row in s.get("classes", {}).values():
                 seen.update(row.get("proposers", {}))
         if len(seen) > 1:
-            out[cfg["name"]] = sorted(seen)
+            out[cfg["name"]] = sorted(seen, key=lambda p: (SERVER_ORDER.index(p)
+                                                           if p in SERVER_ORDER else 99, p))
     return out
 
 
@@ -87,14 +93,17 @@ def proposer_alphas(result: dict[str, Any], config: str, concurrencies: list[str
 def simulate_hybrid(stream_parts: dict[str, Any], alphas: dict[str, dict[str, float]],
                     cost: CostModel, policy: Policy, conc: int, seed: int,
                     model_cost: dict[str, tuple[float, float]] | None = None,
-                    prompts: dict[str, float] | None = None) -> dict[str, float]:
+                    prompts: dict[str, float] | None = None, controller: Any = None
+                    ) -> tuple[dict[str, float], Any]:
     """Decode tokens/s of plain decoding and of the hybrid controller on one batch size's
-    stream (calibrate._mix_stream's parts). model_cost: {proposer: (ms per draft token, per
-    catch-up token)} of the proposers that run a model; prompts: mean prompt tokens by class."""
+    stream (calibrate._mix_stream's parts), and the controller after it. model_cost:
+    {proposer: (ms per draft token, per catch-up token)} of the proposers that run a model;
+    prompts: mean prompt tokens by class; controller: one that served before (a benchmark's
+    cells run one after another on one server: what it learned carries over)."""
     names, cls, length = stream_parts["names"], stream_parts["cls"], stream_parts["length"]
     rng = np.random.default_rng([seed, conc, 1])
     width = max(policy.k_max, 1)
-    props = sorted(alphas)
+    props = list(alphas)  # (in the server's order: proposer_alphas keeps the one given)
     alpha = np.stack([
         np.array([alphas[p].get(names[c], alphas[p]["*"]) for c in cls])[:, None]
         * np.ones(width) for p in props])
@@ -111,9 +120,14 @@ def simulate_hybrid(stream_parts: dict[str, Any], alphas: dict[str, dict[str, fl
     free = cost.model_copy(update={"per_draft_position_ms": 0.0, "per_request_pass_ms": 0.0})
     plain = sim.FixedK(stream, np.zeros(len(names)), np.zeros(len(names), dtype=bool), free,
                        conc)
-    return {"none": sim.simulate(stream, conc, n_done, free, noise, plain).tokens_per_s,
-            "hybrid": sim.simulate(stream, conc, n_done, free, noise,
-                                   sim.Adaptive(policy, stream, conc, seed)).tokens_per_s}
+    hybrid = sim.Adaptive(policy, stream, conc, seed)
+    if controller is not None:
+        for req_id in list(controller._slot_of):  # the last stream's requests in flight
+            controller.remove_request(req_id)
+        hybrid.ctl = controller
+    return ({"none": sim.simulate(stream, conc, n_done, free, noise, plain).tokens_per_s,
+             "hybrid": sim.simulate(stream, conc, n_done, free, noise, hybrid).tokens_per_s},
+            hybrid.ctl)
 
 
 def hybrid_check(result: dict[str, Any], rows: list[dict[str, Any]],
@@ -133,6 +147,7 @@ def hybrid_check(result: dict[str, Any], rows: list[dict[str, Any]],
                 "draft_model_cost_ms" in cells_of[c] for c in concs):
             skipped[config] = "its draft model's cost is not recorded in bench.json"
             continue
+        carried: dict[bool, Any] = {True: None, False: None}  # one server per prediction
         for conc in concs:
             fit = cells_of[conc].get("draft_model_cost_ms", {})
             model_cost = {p: (fit.get("per_token", 0.0), fit.get("per_catchup_token", 0.0))
@@ -152,8 +167,9 @@ def hybrid_check(result: dict[str, Any], rows: list[dict[str, Any]],
                 decode_s: dict[tuple[str, int], float] = {}
                 for batch in sorted({r["batch"] for r in here}):
                     parts = _mix_stream(result, policy, batch, seed, conc)
-                    tps = simulate_hybrid(parts, alphas, cost_at(batch), policy, batch, seed,
-                                          model_cost, prompts)
+                    tps, carried[in_fit] = simulate_hybrid(
+                        parts, alphas, cost_at(batch), policy, batch, seed, model_cost, prompts,
+                        carried[in_fit])
                     for r in here:
                         if r["batch"] == batch:
                             key = (r["config"], int(conc))
