@@ -177,7 +177,31 @@ def build_parser() -> argparse.ArgumentParser:
                      default=["draft", "target"],
                      help="qwen only: which of the pair (draft: the 0.5B, target: the 1.5B)")
     mod.set_defaults(func=cmd_models)
+
+    state = sub.add_parser("state", help="learned-state snapshots")
+    state_sub = state.add_subparsers(dest="state_command", required=True)
+    merge = state_sub.add_parser(
+        "merge", help="one snapshot from several engines' (data-parallel ranks, replicas), "
+        "e.g. a new replica's warm_start")
+    merge.add_argument("files", nargs="+", help="state files")
+    merge.add_argument("--out", required=True, help="the merged snapshot to write")
+    merge.set_defaults(func=cmd_state_merge)
     return ap
+
+
+def cmd_state_merge(args: argparse.Namespace) -> int:
+    from adaptspec import snapshot
+
+    try:
+        merged = snapshot.merge([snapshot.read(f) for f in args.files])
+    except (snapshot.SnapshotError, OSError) as e:
+        print(f"adaptspec state merge: {e}", file=sys.stderr)
+        return 2
+    snapshot.write(merged, args.out)
+    print(f"merged {len(args.files)} snapshots ({merged['steps']} steps, "
+          f"{sum(len(c) for c in merged['proposers'].values())} proposer-class rows) into "
+          f"{args.out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
