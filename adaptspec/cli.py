@@ -170,7 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_snapshot_arguments(snap)
     snap.set_defaults(func=cmd_dashboard_snapshot)
 
-    mod = sub.add_parser("models", help="build the test model pair or fetch the Qwen pair")
+    mod = sub.add_parser("models", help="build the test model pair or fetch the Qwen pair; "
+                                        "`models self-draft -h`: a draft from the target's "
+                                        "first layers")
     mod.add_argument("which", choices=["tiny", "qwen"])
     mod.add_argument("--out", default=None, help="output folder (default: ~/.cache/adaptspec)")
     mod.add_argument("--roles", nargs="+", choices=["draft", "target"],
@@ -211,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         from adaptspec.serve import serve
 
         return serve(argv[1:])
+    if argv[:2] == ["models", "self-draft"]:
+        from adaptspec.tools.models import main as models_main
+
+        return models_main(argv[1:], prog="adaptspec models")
     if argv[:1] == ["bench"] and argv[1:2] not in (["run"], ["decide"], ["calibrate"],
                                                   ["nopay"], ["-h"], ["--help"]):
         argv = ["bench", "run", *argv[1:]]  # `adaptspec bench --quick` runs the benchmark
