@@ -167,3 +167,9 @@ def test_configs_cover_none_static_and_adaptive() -> None:
     assert names[0] == "none"
     assert {"vllm_ngram_k2", "vllm_ngram_k4", "vllm_ngram_k8", "vllm_draft_k2",
             "vllm_draft_k4", "adaptspec_ngram", "adaptspec_draft"} <= set(names)
+    assert not any("selfdraft" in n for n in names)
+    selfd = {c.name: c for c in servers.make_configs("/draft", servers.FULL, "/self")}
+    assert selfd["vllm_selfdraft_k2"].spec == {"method": "draft_model", "model": "/self",
+                                               "num_speculative_tokens": 2}
+    assert selfd["vllm_draft_k2"].spec["model"] == "/draft"
+    assert selfd["adaptspec_hybrid_selfdraft"].env == {"ADAPTSPEC_DRAFT_MODEL": "/self"}

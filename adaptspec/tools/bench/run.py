@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         sizes.requests = {c: args.requests * c if c > 1 else args.requests
                           for c in sizes.concurrency}
     target, draft, label = _models(args.quick, args.target, args.draft)
-    configs = make_configs(draft, sizes)
+    configs = make_configs(draft, sizes, args.self_draft)
     if args.configs and "none_sync" in args.configs:
         # Plain decoding under the synchronous scheduling adaptspec runs with: what async
         # scheduling alone is worth on this machine.
@@ -194,6 +194,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="the tiny model pair and small sizes (same comparison, < 10 min)")
     ap.add_argument("--target", default=None, help="target model folder (default: Qwen 1.5B)")
     ap.add_argument("--draft", default=None, help="draft model folder (default: Qwen 0.5B)")
+    ap.add_argument("--self-draft", default=None, metavar="DIR",
+                    help="a self-draft of the target (`adaptspec models self-draft`): adds "
+                         "vllm_selfdraft_k* and adaptspec_hybrid_selfdraft beside the sibling")
     ap.add_argument("--policy", default=str(BENCH_POLICY), help="adaptspec policy")
     ap.add_argument("--concurrency", type=int, nargs="+", default=None)
     ap.add_argument("--requests", type=int, default=None,

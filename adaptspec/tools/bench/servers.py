@@ -70,7 +70,9 @@ QUICK = Sizes(concurrency=(1, 4, 16), requests={1: 8, 4: 16, 16: 32}, max_tokens
               interactive_tokens=24, excerpt_chars=500, max_model_len=1024)
 
 
-def make_configs(draft: str, sizes: Sizes) -> list[Config]:
+def make_configs(draft: str, sizes: Sizes, self_draft: str | None = None) -> list[Config]:
+    """The run's servers; `self_draft` (a folder from `adaptspec models self-draft`) adds vLLM's
+    draft_model over it at each draft K, and the hybrid with it as its model proposer."""
     ngram = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     out = [Config("none", None)]
     out += [Config(f"vllm_ngram_k{k}", {**ngram, "num_speculative_tokens": k}, family="ngram")
@@ -101,6 +103,15 @@ def make_configs(draft: str, sizes: Sizes) -> list[Config]:
                adaptive=True, family="ours", env={"ADAPTSPEC_DRAFT_MODEL": draft},
                policy={"classes": {"*": {"latency_critical": True}}}),
     ]
+    if self_draft:
+        out += [Config(f"vllm_selfdraft_k{k}", {"method": "draft_model", "model": self_draft,
+                                               "num_speculative_tokens": k},
+                       family="draft_model") for k in sizes.draft_k]
+        out.append(Config("adaptspec_hybrid_selfdraft",
+                          {"method": "custom_class", "model": OURS_HYBRID,
+                           "num_speculative_tokens": max(sizes.ngram_k)},
+                          adaptive=True, family="ours",
+                          env={"ADAPTSPEC_DRAFT_MODEL": self_draft}))
     return out
 
 
