@@ -2,11 +2,16 @@
 
 Class labels are capped: the first `max_classes` distinct class names keep their own series,
 later ones fold into `other`, so a client inventing class names cannot explode cardinality.
+
+Every series carries vLLM's `engine` label (the data-parallel rank, as vLLM's own series do): the
+engine cores of a data-parallel server each run a controller of their own, and without it their
+gauges would overwrite each other and their counters could not be told apart.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -14,91 +19,106 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from adaptspec.policy import OTHER_CLASS
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from adaptspec.controller import Controller
 
 DECISION_LABELS = ("speculate", "plain", "latency_critical", "fallback")
+
+
+class _Bound:
+    """A labelled metric family seen from one engine: `labels` takes the other labels."""
+
+    def __init__(self, metric: Any, engine: str) -> None:
+        self.metric, self.engine = metric, engine
+
+    def labels(self, *values: str) -> Any:
+        return self.metric.labels(self.engine, *values)
 
 
 class Metrics:
     """The `adaptspec_*` series. `record_step` is called by the controller once per step."""
 
     def __init__(self, max_classes: int, k_max: int,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, engine: int | str = 0) -> None:
         self.max_classes = max_classes
         self.k_max = k_max
+        self.engine = str(engine)
         self._labels: dict[str, str] = {}
         self._registry = registry if registry is not None else REGISTRY
-        kw = {"registry": self._registry}
+        self._families: list[Any] = []
+
+        def family(kind: type, name: str, doc: str, labels: Sequence[str] = (), **extra: Any
+                   ) -> Any:
+            """A metric with the engine label bound: labels(*rest) for the other labels, or
+            the child itself where there are none."""
+            metric = kind(name, doc, ["engine", *labels], registry=self._registry, **extra)
+            self._families.append(metric)
+            return _Bound(metric, self.engine) if labels else metric.labels(self.engine)
+
         # `proposer`: who drafted (bounded by the engine's proposers; "none" on steps that
         # did not speculate).
-        self.draft_tokens = Counter(
-            "adaptspec_draft_tokens", "Draft tokens verified", ["class", "proposer"], **kw)
-        self.accepted_tokens = Counter(
-            "adaptspec_accepted_tokens", "Draft tokens accepted", ["class", "proposer"], **kw)
-        self.accepted_per_pos = Counter(
-            "adaptspec_accepted_tokens_per_pos",
-            "Draft tokens accepted at each draft position", ["class", "position"], **kw)
-        self.drafted_per_pos = Counter(
-            "adaptspec_draft_tokens_per_pos",
-            "Draft tokens verified at each draft position", ["class", "position"], **kw)
-        self.steps = Counter(
-            "adaptspec_steps", "Per-request decisions, one per request per step, and the "
-            "proposer chosen to draft", ["class", "decision", "proposer"], **kw)
-        self.chosen_k = Histogram(
-            "adaptspec_chosen_k", "K chosen per request per step", ["class"],
-            buckets=[0.5 + k for k in range(max(k_max, 1))] + [float("inf")], **kw)
-        self.acceptance = Gauge(
-            "adaptspec_acceptance_estimate",
+        self.draft_tokens = family(
+            Counter, "adaptspec_draft_tokens", "Draft tokens verified", ["class", "proposer"])
+        self.accepted_tokens = family(
+            Counter, "adaptspec_accepted_tokens", "Draft tokens accepted", ["class", "proposer"])
+        self.accepted_per_pos = family(
+            Counter, "adaptspec_accepted_tokens_per_pos",
+            "Draft tokens accepted at each draft position", ["class", "position"])
+        self.drafted_per_pos = family(
+            Counter, "adaptspec_draft_tokens_per_pos",
+            "Draft tokens verified at each draft position", ["class", "position"])
+        self.steps = family(
+            Counter, "adaptspec_steps", "Per-request decisions, one per request per step, and the "
+            "proposer chosen to draft", ["class", "decision", "proposer"])
+        self.chosen_k = family(
+            Histogram, "adaptspec_chosen_k", "K chosen per request per step", ["class"],
+            buckets=[0.5 + k for k in range(max(k_max, 1))] + [float("inf")])
+        self.acceptance = family(
+            Gauge, "adaptspec_acceptance_estimate",
             "Posterior mean acceptance of the first draft position", ["class"],
-            multiprocess_mode="mostrecent", **kw)
-        self.confidence_cut = Counter(
-            "adaptspec_confidence_cut_tokens",
-            "Draft tokens dropped because the proposer's confidence in them was low", ["class"],
-            **kw)
-        self.errors = Counter(
-            "adaptspec_controller_errors", "Controller faults absorbed (fallback K used)", **kw)
-        self.step_time = Gauge(
-            "adaptspec_step_time_ms", "Measured step time of the last step", ["kind"],
-            multiprocess_mode="mostrecent", **kw)
-        self.payoff_held = Counter(
-            "adaptspec_payoff_held_steps",
+            multiprocess_mode="mostrecent")
+        self.confidence_cut = family(
+            Counter, "adaptspec_confidence_cut_tokens",
+            "Draft tokens dropped because the proposer's confidence in them was low", ["class"])
+        self.errors = family(
+            Counter, "adaptspec_controller_errors", "Controller faults absorbed (fallback K used)")
+        self.step_time = family(
+            Gauge, "adaptspec_step_time_ms", "Measured step time of the last step", ["kind"],
+            multiprocess_mode="mostrecent")
+        self.payoff_held = family(
+            Counter, "adaptspec_payoff_held_steps",
             "Engine steps the payoff guard kept plain: to measure the plain step (measure), "
             "because speculation had lost its budget (budget), or because a latency-critical "
             "request was in the batch and steps with drafts measured slower than the policy's "
-            "slack allows (latency)", ["reason"], **kw)
-        self.payoff_lost = Counter(
-            "adaptspec_payoff_lost_ms",
+            "slack allows (latency)", ["reason"])
+        self.payoff_lost = family(
+            Counter, "adaptspec_payoff_lost_ms",
             "Time speculating steps took beyond plain decoding's for the same tokens (kept "
-            "whether or not the payoff guard gates)", **kw)
-        self.payoff_saved = Counter(
-            "adaptspec_payoff_saved_ms",
+            "whether or not the payoff guard gates)")
+        self.payoff_saved = family(
+            Counter, "adaptspec_payoff_saved_ms",
             "Time speculating steps saved against plain decoding for the same tokens (kept "
-            "whether or not the payoff guard gates)", **kw)
-        self.payoff_account = Gauge(
-            "adaptspec_payoff_account_ms", "The payoff guard's account (speculation allowed "
-            "while positive)", multiprocess_mode="mostrecent", **kw)
+            "whether or not the payoff guard gates)")
+        self.payoff_account = family(
+            Gauge, "adaptspec_payoff_account_ms", "The payoff guard's account (speculation allowed "
+            "while positive)", multiprocess_mode="mostrecent")
 
-        self.draft_passes = Counter(
-            "adaptspec_draft_model_passes", "Forward passes of the hybrid's draft model (none "
-            "in a step where no request drafts with it)", **kw)
-        self.catchup_tokens = Counter(
-            "adaptspec_draft_model_catchup_tokens", "Tokens the hybrid's draft model fed to "
-            "bring a request's cache up to date (after idle steps, rejected drafts, prompts)",
-            **kw)
-        self.draft_cost = Gauge(
-            "adaptspec_draft_model_cost_ms", "The controller's fit of what the hybrid's draft "
-            "model costs: ms per draft token and per catch-up token", ["kind"],
-            multiprocess_mode="mostrecent", **kw)
+        self.draft_passes = family(
+            Counter, "adaptspec_draft_model_passes",
+            "Forward passes of the hybrid's draft model (none in a step where no request drafts "
+            "with it)")
+        self.catchup_tokens = family(
+            Counter, "adaptspec_draft_model_catchup_tokens",
+            "Tokens the hybrid's draft model fed to bring a request's cache up to date (after "
+            "idle steps, rejected drafts, prompts)")
+        self.draft_cost = family(
+            Gauge, "adaptspec_draft_model_cost_ms",
+            "The controller's fit of what the hybrid's draft model costs: ms per draft token and "
+            "per catch-up token", ["kind"],
+            multiprocess_mode="mostrecent")
 
     def unregister(self) -> None:
         """Take these series out of their registry, so another Metrics may take the names."""
-        for c in (self.draft_tokens, self.accepted_tokens, self.accepted_per_pos,
-                  self.drafted_per_pos, self.steps, self.chosen_k, self.acceptance,
-                  self.confidence_cut, self.errors, self.step_time, self.payoff_held,
-                  self.payoff_lost, self.payoff_saved, self.payoff_account, self.draft_passes,
-                  self.catchup_tokens, self.draft_cost):
+        for c in self._families:
             try:
                 self._registry.unregister(c)
             except KeyError:  # already out

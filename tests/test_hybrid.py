@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from promsamples import value
 
 from adaptspec import snapshot
 from adaptspec.choose import choose_proposers
@@ -155,14 +156,14 @@ def test_metrics_say_which_proposer_drafted_and_which_was_chosen() -> None:
                      metrics=Metrics(pol.max_classes, pol.k_max, registry=reg))
     slots = np.array([ctl.add_request("a", "code"), ctl.add_request("b", "interactive")])
     ctl.step(slots, np.array([4, 0]), np.array([2, 0]), 0.01, sources=np.array([1, 0]))
-    text = generate_latest(reg).decode()
-    assert 'adaptspec_draft_tokens_total{class="code",proposer="suffix"} 4.0' in text
-    assert 'adaptspec_accepted_tokens_total{class="code",proposer="suffix"} 2.0' in text
+    code = {"class": "code", "proposer": "suffix"}
+    assert value(reg, "adaptspec_draft_tokens_total", code) == 4.0
+    assert value(reg, "adaptspec_accepted_tokens_total", code) == 2.0
     chosen = PROPOSERS[int(ctl.req_proposer[slots[0]])]
-    assert (f'adaptspec_steps_total{{class="code",decision="speculate",proposer="{chosen}"}} '
-            '1.0') in text
-    assert ('adaptspec_steps_total{class="interactive",decision="latency_critical",'
-            'proposer="none"} 1.0') in text
+    assert value(reg, "adaptspec_steps_total",
+                 {"class": "code", "decision": "speculate", "proposer": chosen}) == 1.0
+    assert value(reg, "adaptspec_steps_total", {"class": "interactive",
+                 "decision": "latency_critical", "proposer": "none"}) == 1.0
 
 
 def _with_draft(pass_ms: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray, Controller]:

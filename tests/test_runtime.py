@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from promsamples import value
 
 from adaptspec import snapshot
 from adaptspec.classify import RequestInfo
@@ -68,21 +69,20 @@ def test_runtime_faults_give_fallback_but_latency_critical_stays_plain(
     monkeypatch.setattr(rt.controller, "step_by_id", boom)
     assert rt.step(["a", "b"], [3, 0], [2, 0], 0.01) == {"a": 2, "b": 0}
     assert rt.errors == 1
-    text = metrics_text(reg)
-    assert "adaptspec_controller_errors_total 1.0" in text
-    assert 'adaptspec_steps_total{class="code",decision="fallback",proposer="none"} 1.0' in text
-    assert ('adaptspec_steps_total{class="interactive",decision="fallback",proposer="none"} 1.0'
-            in text)
+    assert value(reg, "adaptspec_controller_errors_total") == 1.0
+    for cls in ("code", "interactive"):
+        assert value(reg, "adaptspec_steps_total",
+                     {"class": cls, "decision": "fallback", "proposer": "none"}) == 1.0
     # The step's drafts were verified all the same: counted as the controller would count them
     # (the counts must keep matching vLLM's own spec-decode counters, see test_vllm_plugin.py).
-    assert 'adaptspec_draft_tokens_total{class="code",proposer="ngram"} 3.0' in text
-    assert 'adaptspec_accepted_tokens_total{class="code",proposer="ngram"} 2.0' in text
+    code = {"class": "code", "proposer": "ngram"}
+    assert value(reg, "adaptspec_draft_tokens_total", code) == 3.0
+    assert value(reg, "adaptspec_accepted_tokens_total", code) == 2.0
     for pos, acc in ((0, 1.0), (1, 1.0), (2, None)):
-        assert f'adaptspec_draft_tokens_per_pos_total{{class="code",position="{pos}"}} 1.0' \
-            in text
-        line = f'adaptspec_accepted_tokens_per_pos_total{{class="code",position="{pos}"}}'
-        assert (f"{line} {acc}" in text) if acc else (line not in text)
-    assert 'adaptspec_draft_tokens_total{class="interactive"' not in text
+        where = {"class": "code", "position": str(pos)}
+        assert value(reg, "adaptspec_draft_tokens_per_pos_total", where) == 1.0
+        assert value(reg, "adaptspec_accepted_tokens_per_pos_total", where) == acc
+    assert 'adaptspec_draft_tokens_total{class="interactive"' not in metrics_text(reg)
 
 
 def test_injected_faults_every_nth_step(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -176,6 +176,28 @@ def test_metric_names_and_class_cardinality_cap() -> None:
     assert "other" in classes
 
 
+def test_every_series_carries_the_engine_label() -> None:
+    """A data-parallel server's engine cores each have a controller: their series are told
+    apart by vLLM's `engine` label (the rank), unlabelled series included."""
+    reg = CollectorRegistry()
+    pol = make_policy()
+    rt = AdaptiveRuntime(pol, k_cap=4, metrics=Metrics(pol.max_classes, pol.k_max, reg, engine=1),
+                         engine=1, engines=2)
+    rt.admit("a", RequestInfo(extra_args={"adaptspec_class": "code"}))
+    rt.step(["a"], [0], [0], 0.01)
+    rt.step(["a"], [2], [1], 0.01)
+    rt.metrics.record_error()
+    families = [f for f in reg.collect() if f.name.startswith("adaptspec_")]
+    samples = [s for f in families for s in f.samples]
+    assert len(families) >= 15 and samples
+    assert all(s.labels.get("engine") == "1" for s in samples), [
+        s for s in samples if s.labels.get("engine") != "1"]
+    assert value(reg, "adaptspec_controller_errors_total", engine="1") == 1.0
+    assert value(reg, "adaptspec_draft_tokens_total", {"class": "code", "proposer": "ngram"},
+                 engine="1") == 2.0
+    assert value(reg, "adaptspec_controller_errors_total") is None  # no engine "0" here
+
+
 def test_a_second_engine_in_one_process_gets_fresh_series() -> None:
     """A process that builds a second engine (a notebook re-creating vLLM's LLM) unregisters
     the first engine's series, so the second's count from zero instead of failing to register."""
@@ -190,13 +212,14 @@ def test_a_second_engine_in_one_process_gets_fresh_series() -> None:
     second = Metrics(pol.max_classes, pol.k_max, registry=reg)
     assert "adaptspec_draft_tokens_total{" not in metrics_text(reg)
     second.record_fallback(["code", "chat", "code"], [2, 1, 4], [2, 0, 1], ["ngram"] * 3)
-    text = metrics_text(reg)
-    assert 'adaptspec_draft_tokens_total{class="code",proposer="ngram"} 6.0' in text
-    assert 'adaptspec_accepted_tokens_total{class="code",proposer="ngram"} 3.0' in text
-    assert 'adaptspec_draft_tokens_per_pos_total{class="code",position="1"} 2.0' in text
-    assert 'adaptspec_accepted_tokens_per_pos_total{class="code",position="1"} 1.0' in text
-    assert 'adaptspec_steps_total{class="code",decision="fallback",proposer="none"} 2.0' in text
-    assert 'adaptspec_steps_total{class="chat",decision="fallback",proposer="none"} 1.0' in text
+    code, pos1 = {"class": "code", "proposer": "ngram"}, {"class": "code", "position": "1"}
+    assert value(reg, "adaptspec_draft_tokens_total", code) == 6.0
+    assert value(reg, "adaptspec_accepted_tokens_total", code) == 3.0
+    assert value(reg, "adaptspec_draft_tokens_per_pos_total", pos1) == 2.0
+    assert value(reg, "adaptspec_accepted_tokens_per_pos_total", pos1) == 1.0
+    for cls, n in (("code", 2.0), ("chat", 1.0)):
+        assert value(reg, "adaptspec_steps_total",
+                     {"class": cls, "decision": "fallback", "proposer": "none"}) == n
 
 
 def test_runtime_cut_shortens_doubtful_drafts_counts_them_and_survives_faults() -> None:
@@ -214,8 +237,7 @@ def test_runtime_cut_shortens_doubtful_drafts_counts_them_and_survives_faults() 
     sure = rt.cut(ids, planned, [1.0] * 6)
     assert sure == planned
     assert rt.cut(ids, planned, [0.0] * 6) == [0] * 6
-    text = metrics_text(reg)
-    assert f'adaptspec_confidence_cut_tokens_total{{class="code"}} {float(sum(planned))}' in text
+    assert value(reg, "adaptspec_confidence_cut_tokens_total", {"class": "code"}) == sum(planned)
     # unknown requests keep their drafts; a failing controller keeps them all
     assert rt.cut(["nobody"], [3], [0.0]) == [3]
 
@@ -237,8 +259,8 @@ def test_the_draft_models_cost_is_counted_and_its_fit_exported() -> None:
     rt.record_draft_cost(60.0, 6, 40, forward_passes=3)
     rt.record_draft_cost(30.0, 6, 0, forward_passes=3)
     text = metrics_text(reg)
-    assert "adaptspec_draft_model_passes_total 6.0" in text
-    assert "adaptspec_draft_model_catchup_tokens_total 40.0" in text
+    assert value(reg, "adaptspec_draft_model_passes_total") == 6.0
+    assert value(reg, "adaptspec_draft_model_catchup_tokens_total") == 40.0
     # 6 tokens at 5 ms and 40 catch-up tokens at 0.75 ms explain both steps
     assert rt.controller.pass_ms[2] == pytest.approx(5.0)
     assert rt.controller.catchup_ms[2] == pytest.approx(0.75)

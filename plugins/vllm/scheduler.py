@@ -72,12 +72,12 @@ class AdaptiveScheduler(Scheduler):
         if policy.k_max < spec.num_speculative_tokens:
             log.info("adaptspec: policy k_max %d caps num_speculative_tokens %d",
                      policy.k_max, spec.num_speculative_tokens)
-        metrics = _make_metrics(policy)
+        parallel = vllm_config.parallel_config
+        metrics = _make_metrics(policy, int(parallel.data_parallel_rank))
         names = vllm_config.model_config.served_model_name
         model = names[0] if isinstance(names, list) else names
         from adaptspec_vllm.proposer import proposer_names
 
-        parallel = vllm_config.parallel_config
         self.runtime = AdaptiveRuntime(
             policy, k_cap=spec.num_speculative_tokens, metrics=metrics, model=model,
             proposers=proposer_names(spec), engine=int(parallel.data_parallel_rank),
@@ -243,8 +243,9 @@ def _feedback(scheduler_output: Any, model_runner_output: Any, live: Any = None
 _process_metrics: Metrics | None = None
 
 
-def _make_metrics(policy: Any) -> Metrics | None:
-    """The adaptspec_* series; a registry failure leaves serving on, without metrics.
+def _make_metrics(policy: Any, engine: int = 0) -> Metrics | None:
+    """The adaptspec_* series of engine `engine` (its data-parallel rank, vLLM's `engine`
+    label); a registry failure leaves serving on, without metrics.
 
     A process that builds a second engine (a notebook re-creating `LLM`, the tests) gets fresh
     series for it, as vLLM does for its own: the previous engine's are unregistered first.
@@ -254,7 +255,7 @@ def _make_metrics(policy: Any) -> Metrics | None:
         if _process_metrics is not None:
             _process_metrics.unregister()
             _process_metrics = None
-        _process_metrics = Metrics(policy.max_classes, policy.k_max)
+        _process_metrics = Metrics(policy.max_classes, policy.k_max, engine=engine)
         return _process_metrics
     except Exception:
         log.exception("adaptspec: metrics unavailable; serving continues without them")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -21,7 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 from _rel import GREEDY_TOKENS, LONG, metric_sum
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from promsamples import value
 
 from adaptspec import snapshot
 from adaptspec.classify import RequestInfo
@@ -47,9 +47,7 @@ def make_policy(**kw: Any) -> Policy:
 
 
 def errors_total(reg: CollectorRegistry) -> float:
-    m = re.search(r"^adaptspec_controller_errors_total (\S+)$", generate_latest(reg).decode(),
-                  re.M)
-    return float(m.group(1)) if m else 0.0
+    return value(reg, "adaptspec_controller_errors_total") or 0.0
 
 
 def drive(rt: AdaptiveRuntime, steps: int = 30, batch: int = 8) -> list[dict[str, int]]:
