@@ -62,12 +62,15 @@ class AdaptiveRuntime:
         self._p: dict[str, int] = {}  # proposer per request, with more than one proposer
         self._last_snapshot = time.monotonic()
         restored = 0
+        # what start-up restored (classes, and from which file), for the engine's log
+        self.restored, self.restored_from = 0, None
         for path in (self.state_file, policy.warm_start):
             if not path or restored:
                 continue
             try:
                 restored = snapshot.load(self.controller, path)
                 if restored:
+                    self.restored, self.restored_from = restored, str(path)
                     log.info("adaptspec: restored %d classes from %s", restored, path)
             except (snapshot.SnapshotError, OSError) as e:
                 self._count_error()

@@ -75,29 +75,12 @@ def load_state_dict(ctl: Controller, state: dict[str, Any]) -> int:
     elif not isinstance(by_proposer, dict) or not all(isinstance(v, dict)
                                                        for v in by_proposer.values()):
         raise SnapshotError("snapshot 'proposers' must map proposer names to classes")
-    updates: list[tuple[int, np.ndarray, np.ndarray]] = []
-    restored: set[int] = set()
+    records: list[tuple[int, str, np.ndarray, np.ndarray]] = []
     for prop, name, rec in ((p, n, r) for p, cs in by_proposer.items() for n, r in cs.items()):
-        idx = ctl._class_index.get(name) if isinstance(name, str) else None
-        if idx is None or prop not in ctl.proposers:
+        if not isinstance(name, str) or prop not in ctl.proposers:
             continue
-        restored.add(idx)
-        idx += ctl.proposers.index(prop) * ctl.n_cls
-        try:
-            succ = np.asarray(rec["succ"], dtype=float)
-            fail = np.asarray(rec["fail"], dtype=float)
-        except (KeyError, TypeError, ValueError, OverflowError) as e:
-            raise SnapshotError(f"class {name!r}: {e}") from None
-        if succ.ndim != 1 or fail.ndim != 1:  # a bare number cannot be sliced below
-            raise SnapshotError(f"class {name!r}: succ/fail must be equal-length lists")
-        succ, fail = succ[: est.k_max], fail[: est.k_max]
-        if succ.shape != fail.shape:
-            raise SnapshotError(f"class {name!r}: succ/fail must be equal-length lists")
-        if not (np.isfinite(succ).all() and np.isfinite(fail).all()):
-            raise SnapshotError(f"class {name!r}: non-finite evidence")
-        if (succ < 0).any() or (fail < 0).any():
-            raise SnapshotError(f"class {name!r}: negative evidence")
-        updates.append((idx, succ, fail))
+        succ, fail = _evidence(f"class {name!r}", rec)
+        records.append((ctl.proposers.index(prop), name, succ[: est.k_max], fail[: est.k_max]))
     coef = state.get("cost_coef_ms")
     coef_arr = None
     if coef is not None:
@@ -112,13 +95,39 @@ def load_state_dict(ctl: Controller, state: dict[str, Any]) -> int:
         if coef_arr.shape != ctl.cost.coef.shape or not np.isfinite(coef_arr).all() \
                 or (coef_arr < 0).any():
             raise SnapshotError("cost_coef_ms does not fit this cost model")
-    for idx, succ, fail in updates:
-        n = len(succ)
-        est.succ[idx, :n] = succ
-        est.fail[idx, :n] = fail
+    restored: set[int] = set()
+    for prop, name, succ, fail in records:
+        idx = ctl._class_index.get(name)
+        if idx is None and ctl.policy.dynamic_classes and name != ctl.class_names[ctl._other] \
+                and len(ctl.class_names) < len(ctl.cls_k_max):
+            # A dynamic class the engine had learned: registered again while there is room
+            # (restoring never evicts one), so a restart loses none of what fits.
+            idx = ctl.class_index(name)
+        if idx is None:
+            continue  # a class the policy no longer names
+        restored.add(idx)
+        row, n = prop * ctl.n_cls + idx, len(succ)
+        est.succ[row, :n] = succ
+        est.fail[row, :n] = fail
     if coef_arr is not None and ctl.cost.learn:
         ctl.cost.coef = coef_arr
     return len(restored)
+
+
+def _evidence(what: str, rec: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A record's succ and fail lists, checked: equal-length 1-d, finite, non-negative."""
+    try:
+        succ = np.asarray(rec["succ"], dtype=float)
+        fail = np.asarray(rec["fail"], dtype=float)
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
+        raise SnapshotError(f"{what}: {e}") from None
+    if succ.ndim != 1 or fail.ndim != 1 or succ.shape != fail.shape:
+        raise SnapshotError(f"{what}: succ/fail must be equal-length lists")
+    if not (np.isfinite(succ).all() and np.isfinite(fail).all()):
+        raise SnapshotError(f"{what}: non-finite evidence")
+    if (succ < 0).any() or (fail < 0).any():
+        raise SnapshotError(f"{what}: negative evidence")
+    return succ, fail
 
 
 def save(ctl: Controller, path: str | Path) -> None:
@@ -191,13 +200,7 @@ def merge(states: list[dict[str, Any]]) -> dict[str, Any]:
         by_prop = st.get("proposers") or {first: st.get("classes", {})}
         for prop, classes in by_prop.items():
             for name, rec in classes.items():
-                try:
-                    sf = [np.asarray(rec[key], dtype=float) for key in ("succ", "fail")]
-                except (KeyError, TypeError, ValueError) as e:
-                    raise SnapshotError(f"{prop}/{name}: {e}") from None
-                if sf[0].shape != sf[1].shape or sf[0].ndim != 1 or not all(
-                        np.isfinite(a).all() and (a >= 0).all() for a in sf):
-                    raise SnapshotError(f"{prop}/{name}: bad succ/fail")
+                sf = _evidence(f"{prop}/{name}", rec)
                 acc = evidence.setdefault(prop, {}).setdefault(name, [np.zeros(0)] * 2)
                 for i in range(2):
                     n = max(len(acc[i]), len(sf[i]))

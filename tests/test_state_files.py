@@ -105,3 +105,28 @@ def test_state_merge_command(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     (tmp_path / "bad.json").write_text("{not json")
     assert main(["state", "merge", str(tmp_path / "bad.json"), "--out", str(out)]) == 2
     assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_a_restart_restores_dynamic_classes_while_there_is_room(tmp_path: Path) -> None:
+    """Tenants learned as dynamic classes survive a restart (up to max_classes; restoring never
+    evicts): before, a restarted engine kept only the classes its policy names."""
+    pol = make_policy(dynamic_classes=True, max_classes=4)  # code, chat + 2 tenants (+ other)
+    ctl = trained(pol, "tenant-a", 4, 20)
+    slots = np.array([ctl.add_request(f"b{i}", "tenant-b") for i in range(2)])
+    for _ in range(5):
+        ctl.step(slots, np.full(2, 4), np.full(2, 0), 0.3)
+    state = snapshot.state_dict(ctl)
+    assert {"tenant-a", "tenant-b"} <= set(state["classes"])
+    again = Controller(pol)
+    assert snapshot.load_state_dict(again, state) == len(state["classes"])
+    for name in ("tenant-a", "tenant-b", "code"):
+        assert np.allclose(again.estimator.mean()[again.class_index(name)],
+                           ctl.estimator.mean()[ctl.class_index(name)])
+    # a policy without dynamic classes restores only the classes it names
+    static = Controller(make_policy())
+    assert snapshot.load_state_dict(static, state) == 3  # code, chat, other
+    assert "tenant-a" not in static.class_names
+    # no room: the first ones fit, the rest are skipped, nothing evicted
+    tight = Controller(make_policy(dynamic_classes=True, max_classes=3))
+    assert snapshot.load_state_dict(tight, state) == 4
+    assert len(tight.class_names) == 4 and "tenant-a" in tight.class_names

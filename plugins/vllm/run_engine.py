@@ -12,6 +12,7 @@ usage: python -m adaptspec_vllm.run_engine CONFIG.json OUT.json
 CONFIG: {"engines": [ENGINE, ...]}
 ENGINE: {"name", "model", "spec": {...}|null, "adaptive": bool, "env": {VAR: value},
          "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "executor",
+         "tensor_parallel_size",
          "repeats": int (the batches again: medians, and a warm-up),
          "batches": {NAME: BATCH}} or, for one batch, BATCH's keys at the ENGINE level.
 BATCH: {"prompts": [[token ids]...], "max_tokens", "temperature" | "temperatures": [per prompt],
@@ -92,6 +93,10 @@ def run_one(eng: dict[str, Any]) -> dict[str, Any]:
         "uni" if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" else None)
     if executor:
         kw["distributed_executor_backend"] = executor
+    if eng.get("tensor_parallel_size", 1) > 1:
+        # workers in processes of their own (the multiprocess executor), the engine core here
+        kw["tensor_parallel_size"] = eng["tensor_parallel_size"]
+        kw["distributed_executor_backend"] = "mp"
     if eng.get("max_num_batched_tokens"):
         # Seeded requests must not have their prefill chunked: vLLM 0.32's CPU runner then
         # calls Generator.set_offset, which CPU generators refuse (RuntimeError).

@@ -86,6 +86,9 @@ class AdaptiveScheduler(Scheduler):
         log.info("adaptspec: adaptive K on (policy %s, proposers %s, K <= %d, classes %s)",
                  source or "<built-in default>", "/".join(self.runtime.proposers),
                  self.runtime.k_cap, sorted(policy.classes))
+        if self.runtime.restored:
+            log.info("adaptspec: restored %d classes from %s", self.runtime.restored,
+                     self.runtime.restored_from)
 
     # ---------------------------------------------------------------- requests
 

@@ -32,6 +32,12 @@ CLIENTS = 32
 FAULT_SPEC = "raise_every=7,delay_ms=50,metrics_raise_every=5"
 LOAD_POLICY_EXTRA = {"dynamic_classes": True, "max_classes": 8, "max_requests": 256,
                      "snapshot_interval_s": 2}
+# Long version only: distinct greedy prompts through the load server (besides the quick set),
+# injected controller faults in the load server (every 2nd step raises: over 1,000 in 5 min),
+# and distinct class labels sent in a flood of one-token requests.
+LONG_EXTRA_PROMPTS = 500
+LONG_LOAD_FAULT = "raise_every=2"
+LONG_CLASS_LABELS = 10_000
 
 # Free-token cost model (as in tests/test_vllm_plugin.py) so that speculation really happens on
 # the tiny model: the learned step-time curve would otherwise (rightly) turn it off.
@@ -63,15 +69,18 @@ def policy_text(**extra: Any) -> str:
 # ------------------------------------------------------------------------------ prompts
 
 
-def code_prompts(tokenizer_json: str | Path, n: int, length: int = 48, skip: int = 0
-                 ) -> list[list[int]]:
-    """Prompts of `length` token ids from stdlib source (what the tiny pair was trained on)."""
+def code_prompts(tokenizer_json: str | Path, n: int, length: int = 48, skip: int = 0,
+                 recursive: bool = False) -> list[list[int]]:
+    """Prompts of `length` token ids from stdlib source (what the tiny pair was trained on):
+    the top-level modules, or with `recursive` every module below (for more than ~200)."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer_json))
     src = Path(sysconfig.get_paths()["stdlib"])
     out: list[list[int]] = []
-    for p in sorted(src.glob("*.py"))[skip:]:
+    files = (sorted(f for f in src.rglob("*.py") if "site-packages" not in f.parts)
+             if recursive else sorted(src.glob("*.py")))
+    for p in files[skip:]:
         ids = tok.encode(p.read_text(errors="ignore")[:4000]).ids
         if len(ids) >= 150 + length:
             out.append(ids[150:150 + length])

