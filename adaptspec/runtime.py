@@ -208,8 +208,19 @@ class AdaptiveRuntime:
         k = self._k.get(req_id)
         return self._fallback_for(req_id) if k is None else k
 
-    def k_map(self) -> dict[str, int]:
-        return dict(self._k)
+    def k_to_propose(self, req_id: str) -> int:
+        """How many tokens a request's proposer may draft this step: its K once decided; before
+        that (the step that prefills it proposes its first drafts, which the decision made in
+        the same step then cuts) its class's k_max, and 0 for a latency-critical class, whose
+        proposer then never runs."""
+        k = self._k.get(req_id)
+        if k is not None:
+            return k
+        p = self.policy
+        cls = p.classes.get(self.classes.get(req_id, p.default_class), p.classes[p.default_class])
+        if cls.latency_critical:
+            return 0
+        return self.k_cap if cls.k_max is None else min(self.k_cap, cls.k_max)
 
     def record_draft_cost(self, ms: float, passes: int, catchup_tokens: int = 0,
                           forward_passes: int | None = None) -> None:
@@ -242,9 +253,13 @@ class AdaptiveRuntime:
         return p.classes.get(cls, p.classes[p.default_class]).latency_critical
 
     def _fallback_for(self, req_id: str) -> int:
-        # Latency-critical stays at 0 even in a fault: that promise does not depend on the model.
-        cls = self.classes.get(req_id, self.policy.default_class)
-        return 0 if self._latency_critical(cls) else self.fallback_k
+        # Latency-critical stays at 0 even in a fault: that promise does not depend on the model;
+        # nor does a class's k_max.
+        p = self.policy
+        cls = p.classes.get(self.classes.get(req_id, p.default_class), p.classes[p.default_class])
+        if cls.latency_critical:
+            return 0
+        return self.fallback_k if cls.k_max is None else min(self.fallback_k, cls.k_max)
 
     # ---------------------------------------------------------------- snapshots and faults
 

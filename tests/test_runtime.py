@@ -55,6 +55,23 @@ def test_runtime_classifies_caps_k_and_forgets_finished() -> None:
     assert rt.k_for("a") == 2  # unknown now: fallback
 
 
+def test_a_new_request_may_propose_its_class_k_max_and_a_latency_critical_one_nothing() -> None:
+    """The step that prefills a request proposes its first drafts before the controller has
+    decided for it: the proposer is asked for the class's k_max (the decision of the same step
+    cuts them), never for a latency-critical request; faults fall back within the class too."""
+    pol = make_policy(classes={"code": ClassPolicy(prior_acceptance=0.9),
+                               "short": ClassPolicy(prior_acceptance=0.9, k_max=1),
+                               "chat": ClassPolicy(),
+                               "interactive": ClassPolicy(latency_critical=True)})
+    rt = AdaptiveRuntime(pol, k_cap=4)
+    for rid, cls in (("a", "code"), ("s", "short"), ("i", "interactive")):
+        rt.admit(rid, RequestInfo(extra_args={"adaptspec_class": cls}))
+    assert [rt.k_to_propose(r) for r in "asi"] == [4, 1, 0]
+    assert [rt.k_for(r) for r in "asi"] == [2, 1, 0]  # the fallback, within each class
+    ks = rt.step(["a", "s", "i"], [0, 0, 0], [0, 0, 0], None)
+    assert [rt.k_to_propose(r) for r in "asi"] == [ks["a"], ks["s"], 0]
+
+
 def test_runtime_faults_give_fallback_but_latency_critical_stays_plain(
         monkeypatch: pytest.MonkeyPatch) -> None:
     reg = CollectorRegistry()

@@ -119,7 +119,8 @@ class AdaptiveScheduler(Scheduler):
         rt = self.runtime
         if rt is not None:
             # Read by the proposer wrapper on the worker (same process, or pickled with it).
-            out.adaptspec_k = rt.k_map()
+            # Every scheduled request has its K, a new one too (see k_to_propose).
+            out.adaptspec_k = {r: rt.k_to_propose(r) for r in out.num_scheduled_tokens}
             if len(rt.proposers) > 1:
                 out.adaptspec_proposer = rt.proposer_map()
             # vLLM's own proposers (ngram, draft_model, eagle) draft num_spec_tokens_to_schedule
