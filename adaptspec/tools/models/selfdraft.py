@@ -315,7 +315,7 @@ def build_self_draft(
     Raises :class:`SelfDraftError` for inputs it cannot use, before any heavy work.
     """
     require("torch", "transformers", "safetensors")
-    require("sklearn", extra="bench")  # scikit-learn: in the bench and dev extras
+    require("sklearn")  # scikit-learn: in the models extra (and bench, dev)
     info = inspect_target(target)
     auto = layers == "auto"
     if not auto:
