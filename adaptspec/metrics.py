@@ -3,7 +3,7 @@
 Class labels are capped: the first `max_classes` distinct class names keep their own series,
 later ones fold into `other`, so a client inventing class names cannot explode cardinality.
 
-Every series carries vLLM's `engine` label (the data-parallel rank, as vLLM's own series do): the
+Every series carries vLLM's `engine` label (the data-parallel index, as vLLM's own series do): the
 engine cores of a data-parallel server each run a controller of their own, and without it their
 gauges would overwrite each other and their counters could not be told apart.
 """

@@ -2,8 +2,8 @@
 
 The engine plugin stays thin: it tells the runtime when a request arrives (`admit`), what each
 step's verification did (`step`) and when a request leaves (`finish`); it reads back K per
-request (`k_for`, `k_map`). Everything here is engine-agnostic and never raises into the engine:
-a fault gives every request the policy's fallback K, is logged and counted.
+request (`k_for`, `k_to_propose`). Everything here is engine-agnostic and never raises into the
+engine: a fault gives every request the policy's fallback K, is logged and counted.
 """
 
 from __future__ import annotations
@@ -35,11 +35,10 @@ class AdaptiveRuntime:
 
     def __init__(self, policy: Policy, *, k_cap: int, metrics: Metrics | None = None,
                  model: str | None = None, seed: int | None = 0,
-                 proposers: Sequence[str] = ("ngram",), engine: int = 0,
-                 engines: int = 1) -> None:
+                 proposers: Sequence[str] = ("ngram",), engine: int = 0) -> None:
         self.policy = policy
-        # One engine of `engines` (data parallelism): its own state file.
-        self.state_file = snapshot.engine_path(policy.state_file, engine, engines)
+        # One engine of a data-parallel server (`engine`: its index): its own state file.
+        self.state_file = snapshot.engine_path(policy.state_file, engine)
         self.k_cap = max(0, int(k_cap))
         self.model = model
         self.metrics = metrics

@@ -172,10 +172,13 @@ def _remove_stale_temps(path: Path) -> None:
         pass
 
 
-def engine_path(path: str | None, engine: int, engines: int) -> str | None:
-    """The state file of one engine of `engines` (data parallelism): its index before the
-    suffix, so that engines never write one file; one engine keeps the name as given."""
-    if not path or engines <= 1:
+def engine_path(path: str | None, engine: int) -> str | None:
+    """The state file of engine `engine` (its data-parallel index): engine 0 keeps the name as
+    given, engine i > 0 writes `STEM.engine{i}SUFFIX` beside it, so engines never write one
+    file. (vLLM gives a non-MoE data-parallel engine core no way to know how many engines
+    there are: it runs as an engine of one, knowing only its index.) A one-engine server that
+    is restarted with more engines keeps its learned state in engine 0."""
+    if not path or engine <= 0:
         return path
     p = Path(path)
     return str(p.with_name(f"{p.stem}.engine{engine}{p.suffix}"))

@@ -199,7 +199,7 @@ def test_every_series_carries_the_engine_label() -> None:
     reg = CollectorRegistry()
     pol = make_policy()
     rt = AdaptiveRuntime(pol, k_cap=4, metrics=Metrics(pol.max_classes, pol.k_max, reg, engine=1),
-                         engine=1, engines=2)
+                         engine=1)
     rt.admit("a", RequestInfo(extra_args={"adaptspec_class": "code"}))
     rt.step(["a"], [0], [0], 0.01)
     rt.step(["a"], [2], [1], 0.01)

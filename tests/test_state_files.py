@@ -34,14 +34,15 @@ def trained(policy: Policy, cls: str, accepted: int, steps: int) -> Controller:
 
 def test_each_data_parallel_engine_writes_its_own_file(tmp_path: Path) -> None:
     pol = make_policy(state_file=str(tmp_path / "state.json"))
-    assert snapshot.engine_path(pol.state_file, 0, 1) == pol.state_file
-    runtimes = [AdaptiveRuntime(pol, k_cap=4, engine=e, engines=2) for e in (0, 1)]
+    assert snapshot.engine_path(pol.state_file, 0) == pol.state_file
+    runtimes = [AdaptiveRuntime(pol, k_cap=4, engine=e) for e in (0, 1, 2)]
     for rt in runtimes:
         assert rt.maybe_snapshot(force=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.engine0.json",
-                                                          "state.engine1.json"]
+    # engine 0 keeps the name (a one-engine server restarted with more keeps its state there)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.engine1.json",
+                                                          "state.engine2.json", "state.json"]
     # each engine reads back its own
-    rt = AdaptiveRuntime(pol, k_cap=4, engine=1, engines=2)
+    rt = AdaptiveRuntime(pol, k_cap=4, engine=1)
     assert rt.state_file == str(tmp_path / "state.engine1.json")
 
 

@@ -72,16 +72,18 @@ class AdaptiveScheduler(Scheduler):
         if policy.k_max < spec.num_speculative_tokens:
             log.info("adaptspec: policy k_max %d caps num_speculative_tokens %d",
                      policy.k_max, spec.num_speculative_tokens)
-        parallel = vllm_config.parallel_config
-        metrics = _make_metrics(policy, int(parallel.data_parallel_rank))
+        # The engine's data-parallel index: vLLM runs each non-MoE data-parallel engine core
+        # as an engine of one (data_parallel_rank 0, size 1), keeping its index here; it is the
+        # `engine` label of vLLM's own series.
+        engine = int(vllm_config.parallel_config.data_parallel_index)
+        metrics = _make_metrics(policy, engine)
         names = vllm_config.model_config.served_model_name
         model = names[0] if isinstance(names, list) else names
         from adaptspec_vllm.proposer import proposer_names
 
         self.runtime = AdaptiveRuntime(
             policy, k_cap=spec.num_speculative_tokens, metrics=metrics, model=model,
-            proposers=proposer_names(spec), engine=int(parallel.data_parallel_rank),
-            engines=int(parallel.data_parallel_size),
+            proposers=proposer_names(spec), engine=engine,
         )
         log.info("adaptspec: adaptive K on (policy %s, proposers %s, K <= %d, classes %s)",
                  source or "<built-in default>", "/".join(self.runtime.proposers),
@@ -248,7 +250,7 @@ _process_metrics: Metrics | None = None
 
 
 def _make_metrics(policy: Any, engine: int = 0) -> Metrics | None:
-    """The adaptspec_* series of engine `engine` (its data-parallel rank, vLLM's `engine`
+    """The adaptspec_* series of engine `engine` (its data-parallel index, vLLM's `engine`
     label); a registry failure leaves serving on, without metrics.
 
     A process that builds a second engine (a notebook re-creating `LLM`, the tests) gets fresh

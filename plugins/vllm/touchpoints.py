@@ -73,7 +73,7 @@ TOUCH_POINTS: dict[str, tuple[TouchPoint, ...]] = {
                    fields=("speculative_config", "scheduler_config", "model_config",
                            "parallel_config", "use_v2_model_runner")),
         TouchPoint("vllm.config:ParallelConfig",
-                   fields=("data_parallel_rank", "data_parallel_size")),
+                   fields=("data_parallel_index",)),
         TouchPoint("vllm.config:SpeculativeConfig",
                    fields=("method", "num_speculative_tokens", "model")),
         TouchPoint("vllm.config:ModelConfig", fields=("served_model_name",)),
