@@ -26,7 +26,7 @@ long_only = pytest.mark.skipif(not LONG, reason="long version: set ADAPTSPEC_LON
 
 # Quick (CI) and long (ADAPTSPEC_LONG=1) sizes.
 N_SAMPLES = 10_000 if LONG else 2_000  # seeded temperature-1.0 requests per configuration
-LOAD_SECONDS = 300 if LONG else 60
+LOAD_SECONDS = 300 if LONG else 45
 GREEDY_TOKENS = 64  # reference length; load requests ask for a prefix of it
 CLIENTS = 32
 FAULT_SPEC = "raise_every=7,delay_ms=50,metrics_raise_every=5"
