@@ -85,14 +85,7 @@ class DraftModelProposer:
             return Draft()
         torch = self._torch
         st = self._state(req_id)
-        toks = as_token_list(token_ids)
-        common = _common_prefix(st.seq, toks)
-        if common == len(toks):
-            common -= 1  # the last token is fed again: its logits give the first draft
-        if common < len(st.seq):
-            st.cache.crop(common - len(st.seq))
-            del st.seq[common:]
-        feed = toks[common:]
+        feed = _sync(st, as_token_list(token_ids))
         # One new token per step is the steady state; more is catch-up after idle steps, a
         # rejected draft's replacement or the prompt.
         self.catchup_tokens += max(len(feed) - 1, 0)
@@ -124,13 +117,7 @@ class DraftModelProposer:
         lasts = []
         with torch.inference_mode():
             for _, st, toks, _ in rows:
-                common = _common_prefix(st.seq, toks)
-                if common == len(toks):
-                    common -= 1
-                if common < len(st.seq):
-                    st.cache.crop(common - len(st.seq))
-                    del st.seq[common:]
-                feed = toks[common:]
+                feed = _sync(st, toks)
                 if len(feed) > 1:  # catch-up: all but the last token, which drafts with the rest
                     self.model(input_ids=torch.tensor([feed[:-1]]), past_key_values=st.cache,
                                use_cache=True)
@@ -181,6 +168,18 @@ class DraftModelProposer:
                 reqs.popitem(last=False)
         reqs.move_to_end(req_id)
         return st
+
+
+def _sync(st: _DraftState, toks: list[int]) -> list[int]:
+    """Cut a request's cache back to what it shares with its tokens now; returns the tokens to
+    feed (at least the last one: its logits give the first draft)."""
+    common = _common_prefix(st.seq, toks)
+    if common == len(toks):
+        common -= 1
+    if common < len(st.seq):
+        st.cache.crop(common - len(st.seq))
+        del st.seq[common:]
+    return toks[common:]
 
 
 def _confidence(log_p: float, n: int) -> float:
