@@ -122,7 +122,7 @@ def test_fit_ignores_adaptive_cells() -> None:
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.7, 0.95])
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 def test_alpha_from_length_inverts_expected_tokens(alpha: float, k: int) -> None:
-    assert calibrate.alpha_from_length(_expected_tokens(alpha, k), k) == pytest.approx(
+    assert stepfit.alpha_from_length(_expected_tokens(alpha, k), k) == pytest.approx(
         alpha, abs=1e-4)
 
 
@@ -251,7 +251,7 @@ def test_class_mix_of_one_concurrency() -> None:
     not the benchmark's mix)."""
     result = _result()
     result["summary"]["none"]["1"]["classes"] = {"code": {"requests": 3}, "chat": {"requests": 1}}
-    assert calibrate._class_mix(result, "1") == {"chat": 0.25, "code": 0.75}
-    whole = calibrate._class_mix(result)
+    assert stepfit._class_mix(result, "1") == {"chat": 0.25, "code": 0.75}
+    whole = stepfit._class_mix(result)
     assert set(whole) == {"code", "chat", "interactive"}
     assert whole["code"] == pytest.approx((3 + 8 + 32) / (4 + 20 + 80))

@@ -48,11 +48,11 @@ from adaptspec.tools.bench.stepfit import (
     FITTED,
     GPU_LOADS,
     MIN_COVERAGE,
-    MIN_SIM_REQUESTS,
-    SIM_REQUESTS_PER_SLOT,
     TOLERANCE,
     _family,
+    _mix_stream,
     _ratio_cells,
+    alpha_from_length,
     fit_cost,
     observations,
     plain_step_ms,
@@ -62,21 +62,6 @@ from adaptspec.tools.simulator.compare import Load, oracle
 from adaptspec.tools.simulator.stream import ORACLE_CANDIDATES
 
 # ------------------------------------------------------------------------------ simulation
-
-
-def alpha_from_length(length: float, k: int) -> float:
-    """alpha with (1 - alpha^(k+1)) / (1 - alpha) = length (tokens per step with k drafts)."""
-    if k <= 0 or not math.isfinite(length):
-        return 0.0
-    length = min(max(length, 1.0), k + 1.0 - 1e-6)
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if sum(mid ** i for i in range(k + 1)) < length:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
 
 
 def class_acceptance(result: dict[str, Any], family: str
@@ -105,39 +90,6 @@ def class_acceptance(result: dict[str, Any], family: str
     rate = min(drafts / steps, 1.0) if drafts > 0 and steps > 0 else 1.0
     return ({cls: alpha_from_length(1.0 + (num[cls] / den[cls] - 1.0) / rate, k)
              for cls in num}, cfg["name"], rate)
-
-
-def _class_mix(result: dict[str, Any], concurrency: str | None = None) -> dict[str, float]:
-    """Share of requests per class: of the whole benchmark, or of one concurrency's stream (4
-    requests at c=1: its mix is not the benchmark's)."""
-    counts: dict[str, float] = {}
-    for c, s in result["summary"]["none"].items():
-        if concurrency is not None and c != concurrency:
-            continue
-        for cls, row in s["classes"].items():
-            counts[cls] = counts.get(cls, 0.0) + row["requests"]
-    total = sum(counts.values())
-    return {cls: n / total for cls, n in sorted(counts.items())}
-
-
-def _mix_stream(result: dict[str, Any], policy: Policy, conc: int, seed: int,
-                concurrency: str | None) -> dict[str, Any]:
-    """The requests simulated at a batch of `conc`: classes drawn from the benchmark's mix (or
-    that of one concurrency's stream), lengths as the benchmark asked; with the generator that
-    drew them (names, cls, length, lc: latency-critical class names, rng)."""
-    mix = _class_mix(result, concurrency)
-    names = list(mix)
-    sizes = result["sizes"]
-    lc = [n for n in names if n in policy.classes and policy.classes[n].latency_critical]
-    rng = np.random.default_rng([seed, conc])
-    n = max(MIN_SIM_REQUESTS, SIM_REQUESTS_PER_SLOT * conc)
-    share = np.array([mix[c] for c in names])
-    cls = rng.permutation(np.minimum(
-        np.searchsorted(np.cumsum(share), (np.arange(n) + rng.random()) / n, side="right"),
-        len(names) - 1))
-    length = np.array([sizes["interactive_tokens"] if names[c] in lc else sizes["max_tokens"]
-                       for c in cls], dtype=np.int64)
-    return {"names": names, "cls": cls, "length": length, "lc": lc, "rng": rng}
 
 
 def _drafter_cost(cost: CostModel, family: str, k: int) -> CostModel:

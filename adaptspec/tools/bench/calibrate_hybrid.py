@@ -34,7 +34,7 @@ import numpy as np
 
 from adaptspec.policy import CostModel, Policy
 from adaptspec.tools import simulator as sim
-from adaptspec.tools.bench.stepfit import _ratio_cells
+from adaptspec.tools.bench.stepfit import _mix_stream, _ratio_cells, alpha_from_length
 
 # Proposers that run a model: their passes cost time (recorded as draft_model_cost_ms).
 MODEL_PROPOSERS = ("draft",)
@@ -63,7 +63,6 @@ def proposer_alphas(result: dict[str, Any], config: str, concurrencies: list[str
                     proposers: list[str]) -> dict[str, dict[str, float]] | None:
     """alpha per proposer and class from the config's cells at these concurrencies (pooled);
     None where those cells recorded no decision."""
-    from adaptspec.tools.bench.calibrate import alpha_from_length
 
     counts: dict[tuple[str, str], np.ndarray] = {}
     for c in concurrencies:
@@ -96,7 +95,7 @@ def simulate_hybrid(stream_parts: dict[str, Any], alphas: dict[str, dict[str, fl
                     prompts: dict[str, float] | None = None, controller: Any = None
                     ) -> tuple[dict[str, float], Any]:
     """Decode tokens/s of plain decoding and of the hybrid controller on one batch size's
-    stream (calibrate._mix_stream's parts), and the controller after it. model_cost:
+    stream (stepfit._mix_stream's parts), and the controller after it. model_cost:
     {proposer: (ms per draft token, per catch-up token)} of the proposers that run a model;
     prompts: mean prompt tokens by class; controller: one that served before (a benchmark's
     cells run one after another on one server: what it learned carries over)."""
@@ -135,7 +134,6 @@ def hybrid_check(result: dict[str, Any], rows: list[dict[str, Any]],
                  seed: int = 0) -> dict[str, Any]:
     """Predicted against measured ratio to plain decoding for every hybrid cell, in sample and
     out of sample (see the module docstring)."""
-    from adaptspec.tools.bench.calibrate import _mix_stream
 
     checks: list[dict[str, Any]] = []
     fitted: dict[str, Any] = {}
