@@ -257,6 +257,22 @@ class Policy(_Strict):
         "merge` makes one from several engines' files)")
     snapshot_interval_s: float = Field(60.0, gt=0)
 
+    @field_validator("state_file", "warm_start")
+    @classmethod
+    def _path(cls, v: str | None, info: Any) -> str | None:
+        # Refused here rather than failing at each write: the engine's index and the atomic
+        # write's temporary name (".NAME.XXXXXXXX.tmp") lengthen a state file's name.
+        if not v:
+            return None
+        room = 32 if info.field_name == "state_file" else 0
+        if "\0" in v or len(v.encode()) > 4096 or any(
+                len(part.encode()) > 255 - room for part in Path(v).parts):
+            raise ValueError(
+                f"{info.field_name} must be a file path of at most 4096 bytes whose names have "
+                f"at most {255 - room} bytes each, without NUL (got {v[:80]!r}"
+                f"{'...' if len(v) > 80 else ''})")
+        return v
+
     @field_validator("classes")
     @classmethod
     def _class_names(cls, v: dict[str, ClassPolicy]) -> dict[str, ClassPolicy]:

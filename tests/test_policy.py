@@ -9,6 +9,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from adaptspec.classify import Classifier, RequestInfo
 from adaptspec.policy import COST_PRESETS, Policy, PolicyError, load_policy, policy_from_dict
@@ -159,3 +160,20 @@ def test_fuzzed_yaml_text_loads_or_fails_cleanly(text: str) -> None:
         policy_from_dict(data, "fuzz.yaml")
     except PolicyError:
         pass
+
+
+@pytest.mark.parametrize("field", ["state_file", "warm_start"])
+def test_a_state_path_no_file_system_can_hold_is_refused_at_start(field: str,
+                                                                  tmp_path: Path) -> None:
+    """Found by the long fuzzing run: a 300-character state_file validated, and every snapshot
+    read and write then failed (ENAMETOOLONG), counted as controller faults."""
+    for bad in ("x" * 300, f"/var/lib/{'y' * 260}.json", "a\0b", "/" + "d/" * 2100):
+        with pytest.raises(ValidationError, match=f"{field} must be a file path"):
+            Policy(**{field: bad})
+    # a state file's name leaves room for an engine's index and the atomic write's temp name
+    assert Policy(warm_start="w" * 250).warm_start == "w" * 250
+    with pytest.raises(ValidationError, match="at most 223 bytes"):
+        Policy(state_file="s" * 250)
+    ok = str(tmp_path / ("s" * 223))
+    assert Policy(state_file=ok).state_file == ok
+    assert Policy(state_file="").state_file is None  # empty: no state file, as before
