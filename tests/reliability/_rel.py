@@ -33,10 +33,11 @@ FAULT_SPEC = "raise_every=7,delay_ms=50,metrics_raise_every=5"
 LOAD_POLICY_EXTRA = {"dynamic_classes": True, "max_classes": 8, "max_requests": 256,
                      "snapshot_interval_s": 2}
 # Long version only: distinct greedy prompts through the load server (besides the quick set),
-# injected controller faults in the load server (every 2nd step raises: over 1,000 in 5 min),
+# injected controller faults in the load server (every 3rd step raises: over 1,000 in 5 min;
+# every 2nd left the controller nothing to learn from: each step it decided for raised),
 # and distinct class labels sent in a flood of one-token requests.
 LONG_EXTRA_PROMPTS = 500
-LONG_LOAD_FAULT = "raise_every=2"
+LONG_LOAD_FAULT = "raise_every=3"
 LONG_CLASS_LABELS = 10_000
 
 # Free-token cost model (as in tests/test_vllm_plugin.py) so that speculation really happens on
