@@ -60,17 +60,15 @@ class AdaptiveRuntime:
         self._k: dict[str, int] = {}
         self._p: dict[str, int] = {}  # proposer per request, with more than one proposer
         self._last_snapshot = time.monotonic()
-        restored = 0
-        # what start-up restored (classes, and from which file), for the engine's log
+        # What start-up restored (classes, and from which file): the engine logs it.
         self.restored, self.restored_from = 0, None
         for path in (self.state_file, policy.warm_start):
-            if not path or restored:
+            if not path or self.restored:
                 continue
             try:
-                restored = snapshot.load(self.controller, path)
-                if restored:
-                    self.restored, self.restored_from = restored, str(path)
-                    log.info("adaptspec: restored %d classes from %s", restored, path)
+                self.restored = snapshot.load(self.controller, path)
+                if self.restored:
+                    self.restored_from = str(path)
             except (snapshot.SnapshotError, OSError) as e:
                 self._count_error()
                 log.warning("adaptspec: ignoring state snapshot (%s); starting from priors", e)
@@ -213,13 +211,9 @@ class AdaptiveRuntime:
         the same step then cuts) its class's k_max, and 0 for a latency-critical class, whose
         proposer then never runs."""
         k = self._k.get(req_id)
-        if k is not None:
-            return k
-        p = self.policy
-        cls = p.classes.get(self.classes.get(req_id, p.default_class), p.classes[p.default_class])
-        if cls.latency_critical:
-            return 0
-        return self.k_cap if cls.k_max is None else min(self.k_cap, cls.k_max)
+        if k is None:
+            k = min(self.k_cap, self.policy.class_k_max(self._settings(req_id)))
+        return k
 
     def record_draft_cost(self, ms: float, passes: int, catchup_tokens: int = 0,
                           forward_passes: int | None = None) -> None:
@@ -246,19 +240,20 @@ class AdaptiveRuntime:
     def proposer_map(self) -> dict[str, int]:
         return dict(self._p)
 
+    def _settings(self, req_id: str) -> str:
+        """The policy class whose settings a request has: dynamic classes (names the policy
+        does not list) and unknown requests have the default class's."""
+        cls = self.classes.get(req_id, self.policy.default_class)
+        return cls if cls in self.policy.classes else self.policy.default_class
+
     def _latency_critical(self, cls: str) -> bool:
-        # Dynamic classes (names the policy does not list) have the default class's settings.
         p = self.policy
-        return p.classes.get(cls, p.classes[p.default_class]).latency_critical
+        return p.classes[cls if cls in p.classes else p.default_class].latency_critical
 
     def _fallback_for(self, req_id: str) -> int:
-        # Latency-critical stays at 0 even in a fault: that promise does not depend on the model;
-        # nor does a class's k_max.
-        p = self.policy
-        cls = p.classes.get(self.classes.get(req_id, p.default_class), p.classes[p.default_class])
-        if cls.latency_critical:
-            return 0
-        return self.fallback_k if cls.k_max is None else min(self.fallback_k, cls.k_max)
+        # Latency-critical stays at 0 even in a fault (class_k_max is 0 there): that promise
+        # does not depend on the model; nor does a class's k_max.
+        return min(self.fallback_k, self.policy.class_k_max(self._settings(req_id)))
 
     # ---------------------------------------------------------------- snapshots and faults
 
