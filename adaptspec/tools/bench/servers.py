@@ -74,12 +74,18 @@ def make_configs(draft: str, sizes: Sizes, self_draft: str | None = None) -> lis
     """The run's servers; `self_draft` (a folder from `adaptspec models self-draft`) adds vLLM's
     draft_model over it at each draft K, and the hybrid with it as its model proposer."""
     ngram = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    hybrid = {"method": "custom_class", "model": OURS_HYBRID,
+              "num_speculative_tokens": max(sizes.ngram_k)}
+
+    def vllm_draft(prefix: str, model: str) -> list[Config]:
+        return [Config(f"{prefix}_k{k}", {"method": "draft_model", "model": model,
+                                          "num_speculative_tokens": k}, family="draft_model")
+                for k in sizes.draft_k]
+
     out = [Config("none", None)]
     out += [Config(f"vllm_ngram_k{k}", {**ngram, "num_speculative_tokens": k}, family="ngram")
             for k in sizes.ngram_k]
-    out += [Config(f"vllm_draft_k{k}", {"method": "draft_model", "model": draft,
-                                       "num_speculative_tokens": k}, family="draft_model")
-            for k in sizes.draft_k]
+    out += vllm_draft("vllm_draft", draft)
     out += [
         Config("adaptspec_ngram", {**ngram, "num_speculative_tokens": max(sizes.ngram_k)},
                adaptive=True, family="ngram"),
@@ -90,27 +96,18 @@ def make_configs(draft: str, sizes: Sizes, self_draft: str | None = None) -> lis
                                   "num_speculative_tokens": max(sizes.ngram_k)},
                adaptive=True, family="ours"),
         # our n-gram and suffix proposers, the controller choosing per request and step
-        Config("adaptspec_hybrid", {"method": "custom_class", "model": OURS_HYBRID,
-                                    "num_speculative_tokens": max(sizes.ngram_k)},
-               adaptive=True, family="ours"),
+        Config("adaptspec_hybrid", hybrid, adaptive=True, family="ours"),
         # ... and the draft model (`adaptspec serve --draft`); not in the full run by default
-        Config("adaptspec_hybrid_draft", {"method": "custom_class", "model": OURS_HYBRID,
-                                          "num_speculative_tokens": max(sizes.ngram_k)},
-               adaptive=True, family="ours", env={"ADAPTSPEC_DRAFT_MODEL": draft}),
+        Config("adaptspec_hybrid_draft", hybrid, adaptive=True, family="ours",
+               env={"ADAPTSPEC_DRAFT_MODEL": draft}),
         # ... with every class kept plain: the loaded draft model must cost nothing
-        Config("adaptspec_hybrid_idle", {"method": "custom_class", "model": OURS_HYBRID,
-                                         "num_speculative_tokens": max(sizes.ngram_k)},
-               adaptive=True, family="ours", env={"ADAPTSPEC_DRAFT_MODEL": draft},
+        Config("adaptspec_hybrid_idle", hybrid, adaptive=True, family="ours",
+               env={"ADAPTSPEC_DRAFT_MODEL": draft},
                policy={"classes": {"*": {"latency_critical": True}}}),
     ]
     if self_draft:
-        out += [Config(f"vllm_selfdraft_k{k}", {"method": "draft_model", "model": self_draft,
-                                               "num_speculative_tokens": k},
-                       family="draft_model") for k in sizes.draft_k]
-        out.append(Config("adaptspec_hybrid_selfdraft",
-                          {"method": "custom_class", "model": OURS_HYBRID,
-                           "num_speculative_tokens": max(sizes.ngram_k)},
-                          adaptive=True, family="ours",
+        out += vllm_draft("vllm_selfdraft", self_draft)
+        out.append(Config("adaptspec_hybrid_selfdraft", hybrid, adaptive=True, family="ours",
                           env={"ADAPTSPEC_DRAFT_MODEL": self_draft}))
     return out
 
