@@ -38,8 +38,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_decide(args: argparse.Namespace) -> int:
-    from adaptspec.controller import time_decisions
     from adaptspec.policy import CostModel
+    from adaptspec.tools.bench.decide import time_decisions
 
     policy = load_policy(args.policy)
     if args.preset:

@@ -3,47 +3,52 @@
 Data flows one way: the engine reports what the last verification did (drafted k, accepted a,
 per request) and how long the step took; the controller updates its acceptance posteriors and
 its step-time model, then chooses every request's K jointly, because one request's extra draft
-tokens slow the whole batch's step. How it chooses: adaptspec/step_reference.py, the maths in
-numpy; what runs: the same in two compiled kernels (adaptspec/fastpath.py), about 100 us for a
-batch of 256 at most (`adaptspec bench decide`). This module keeps the state the kernels read
-and write: classes, request slots, the estimators, the step-time model, hysteresis.
+tokens slow the whole batch's step. `Controller.plan` is the one place a request's K is
+decided and bounded (adaptspec/plan.py: the plan and its reasons). How it chooses:
+adaptspec/step_reference.py, the maths in numpy; what runs: the same in two compiled kernels
+(adaptspec/fastpath.py), about 100 us for a batch of 256 at most (`adaptspec bench decide`).
+This module keeps the state the kernels read and write: classes, request slots, the
+estimators, the step-time model, hysteresis.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from adaptspec import fastpath
+from adaptspec import fastpath, passcost
+from adaptspec import plan as why
 from adaptspec.acceptance import AcceptanceEstimator, RequestAcceptance, learn
 from adaptspec.choose import choose_proposers
-from adaptspec.confidence import ConfidenceCalibration
+from adaptspec.confidence import ConfidenceCalibration, confidence_keep
 from adaptspec.cost import StepCostModel
 from adaptspec.fastpath import BINS
+from adaptspec.payoff import PayoffGuard
+from adaptspec.plan import StepFeedback, StepPlan
 from adaptspec.policy import OTHER_CLASS, Policy
 
 log = logging.getLogger(__name__)
 
-# Decision kinds, in the order of the metric label values.
-SPECULATE, PLAIN, LATENCY_CRITICAL, FALLBACK = "speculate", "plain", "latency_critical", "fallback"
 _NO_DRAWS = np.zeros((0, 1))
 _NOBODY = np.zeros(0, dtype=bool)
 
 
 class Controller:
-    """Chooses K per request per step. Never raises from `step`: faults give the fallback K.
+    """Chooses K per request per step. Never raises from `plan` or `step`: faults give the
+    fallback K.
 
     Public attributes: policy, proposers (names; with more than one the controller also
-    chooses who drafts, adaptspec/choose.py), class_names (index -> name), estimator, requests,
-    cost, errors (faults absorbed), steps, last_predicted_ms, last_step_ms; per class (by
-    index) cls_k_min, cls_k_max (0: may not draft), cls_kind (decision kind when not drafting),
-    cls_slo_ms; per slot req_class, req_proposer (proposer chosen at its last step),
-    req_last_step (LRU age, inf while free), and the hysteresis state req_prev_k (K granted at
-    its last step) and req_votes (consecutive steps it asked for one more draft).
+    chooses who drafts, adaptspec/choose.py), k_cap (the engine's num_speculative_tokens),
+    guard (the payoff guard, None unless asked for) and guard_gates, class_names (index ->
+    name), estimator, requests, cost, errors (faults absorbed, the engine's one count), steps,
+    last_predicted_ms, last_step_ms; per class (by index) cls_k_min, cls_k_max (0: may not
+    draft), cls_kind (2: latency-critical), cls_slo_ms; per slot req_class, req_k, req_proposer
+    and req_reason (the plan made at its last step), req_last_step (LRU age, inf while free),
+    and the hysteresis state req_prev_k and req_votes (consecutive steps it asked for one more
+    draft).
 
     Evidence is kept per (class, proposer): estimator row p * n_cls + c, and per (request,
     proposer): requests record slot * n_proposers + p. With one proposer both are the class
@@ -51,11 +56,21 @@ class Controller:
     """
 
     def __init__(self, policy: Policy, *, metrics: Any = None, seed: int | None = 0,
-                 proposers: Sequence[str] = ("ngram",)) -> None:
+                 proposers: Sequence[str] = ("ngram",), k_cap: int | None = None,
+                 payoff_guard: bool = False) -> None:
         self.policy = policy
         self.metrics = metrics
         self.rng = np.random.default_rng(seed)
         self.k_max = policy.k_max
+        self.k_cap = policy.k_max if k_cap is None else max(0, int(k_cap))
+        pay = policy.payoff
+        # The guard's account of what speculating steps lost or saved against plain decoding is
+        # kept (and exported) whether or not it gates: an operator sees what speculation does
+        # on this engine before turning the gate on. Off, it never holds a step.
+        self.guard = (PayoffGuard(pay.budget, pay.cap_steps, pay.refresh_steps)
+                      if payoff_guard else None)
+        self.guard_gates = payoff_guard and pay.enabled
+        self.held = False  # the guard held the last step plain: so are new requests
         self.proposers = tuple(proposers) or ("ngram",)
         n_prop = self.n_prop = len(self.proposers)
         n_cls = self.n_cls = policy.max_classes + 1  # +1 for "other"
@@ -84,10 +99,13 @@ class Controller:
         self.requests = RequestAcceptance(cap * n_prop, policy.request_forgetting,
                                           policy.request_shrinkage)
         self._slot_of: dict[str, int] = {}
+        # Admitted, not yet fed back: request -> (class name, first proposer)
+        self._new: dict[str, tuple[str, int]] = {}
         self._free = list(range(cap - 1, -1, -1))
         self.req_class = np.zeros(cap, dtype=np.int64)
         self.req_proposer = np.zeros(cap, dtype=np.int64)
-        self.req_k = np.zeros(cap, dtype=np.int64)  # K decided at its last step
+        self.req_k = np.zeros(cap, dtype=np.int64)  # K planned at its last step
+        self.req_reason = np.zeros(cap, dtype=np.int64)  # why (index into plan.REASONS)
         self.req_conf = np.full(cap, np.nan)  # confidence of its pending draft (`cut`)
         self._conf_pending = False  # some were set since the last step
         # A proposer that runs a model (the hybrid's draft model) costs time per forward pass,
@@ -145,17 +163,7 @@ class Controller:
         per-pass mean would price every later draft token as a prefill)."""
         if passes <= 0 or not np.isfinite(ms) or ms < 0:
             return
-        p, c = float(passes), float(max(catchup_tokens, 0))
-        st = self.pass_stats[proposer]
-        st *= 0.98  # about the last 50 reports
-        st += (p * p, p * c, c * c, p * ms, c * ms)
-        spp, spc, scc, spy, scy = st
-        det = spp * scc - spc * spc
-        a = b = -1.0
-        if det > 1e-9 * spp * max(scc, 1e-12):
-            a, b = (scc * spy - spc * scy) / det, (spp * scy - spc * spy) / det
-        if a < 0 or b < 0:  # catch-up never varied apart from the passes, or a negative fit
-            a, b = spy / spp, 0.0
+        a, b = passcost.fit(self.pass_stats[proposer], ms, passes, catchup_tokens)
         self.pass_ms[proposer], self.catchup_ms[proposer] = a, b
 
     def first_proposer(self, class_name: str) -> int:
@@ -220,6 +228,16 @@ class Controller:
         self._dynamic.add(name)
         return idx
 
+    def restore_class(self, name: str) -> int | None:
+        """Index of a class a snapshot names: a known one, or a dynamic class the engine had
+        learned, registered again while there is room (restoring never evicts one, so a
+        restart loses none of what fits); None for a class the policy no longer names."""
+        idx = self._class_index.get(name)
+        if idx is None and self.policy.dynamic_classes and name != OTHER_CLASS \
+                and len(self.class_names) < len(self.cls_k_max):
+            idx = self.class_index(name)
+        return idx
+
     def _idle_dynamic_classes(self) -> list[str]:
         """Dynamic classes no live request belongs to: only those may give up their slot, or a
         running request would silently start feeding another tenant's estimates."""
@@ -241,6 +259,7 @@ class Controller:
         self.req_id_of[slot] = req_id
         self.req_class[slot] = self.class_index(class_name)
         self.req_prev_k[slot] = self.req_votes[slot] = self.req_proposer[slot] = 0
+        self.req_k[slot], self.req_reason[slot] = 0, why.CODE[why.NEW_REQUEST]
         self.req_conf[slot] = np.nan
         self.req_last_step[slot] = self.steps + 1
         for p in range(self.n_prop):
@@ -248,6 +267,7 @@ class Controller:
         return slot
 
     def remove_request(self, req_id: str) -> None:
+        self._new.pop(req_id, None)
         slot = self._slot_of.pop(req_id, None)
         if slot is not None:
             self.req_last_step[slot] = np.inf  # never chosen as an LRU victim while free
@@ -261,70 +281,150 @@ class Controller:
     def num_requests(self) -> int:
         return len(self._slot_of)
 
-    # ------------------------------------------------------------------ the step
+    @property
+    def num_new_requests(self) -> int:
+        """Admitted requests not fed back yet (bounded by the engine's waiting queue)."""
+        return len(self._new)
+
+    def admit(self, req_id: str, class_name: str) -> None:
+        """A new request of a class: until its first feedback it is planned by the new-request
+        rule (`plan_for`), drafted by the proposer chosen for it here."""
+        if req_id not in self._slot_of:
+            self._new[req_id] = (class_name, self.first_proposer(class_name))
+
+    # ------------------------------------------------------------------ the plan
+
+    def plan_for(self, req_ids: Sequence[str]) -> StepPlan:
+        """The plan in force for these requests: the one made at each request's last step, or
+        for a request not fed back yet the new-request rule (its class's k_max: the step that
+        prefills it proposes its first drafts; 0 for a latency-critical class, and while the
+        payoff guard holds)."""
+        n = len(req_ids)
+        k = np.zeros(n, dtype=np.int64)
+        prop = np.zeros(n, dtype=np.int64)
+        reason = np.zeros(n, dtype=np.int64)
+        for i, r in enumerate(req_ids):
+            slot = self._slot_of.get(r)
+            if slot is not None:
+                k[i], prop[i], reason[i] = self.req_k[slot], self.req_proposer[slot], \
+                    self.req_reason[slot]
+            else:
+                name, prop[i] = self._new.get(r, (self.policy.default_class, 0))
+                k[i], reason[i] = self._new_plan(name)
+        return StepPlan(list(req_ids), k, prop, reason)
+
+    def plan(self, fb: StepFeedback) -> StepPlan:
+        """Feed back one engine step; the plan for these requests' next step. Every bound on K
+        applies here, in order: the decision (learned or exploring; latency-critical classes
+        never draft), the class's k_max, a model proposer's pass cost, the payoff guard's hold,
+        the engine's cap; a fault gives the fallback."""
+        ids = list(fb.req_ids)
+        try:
+            slots = np.fromiter((self._enter(r) for r in ids), dtype=np.int64, count=len(ids))
+        except Exception:
+            self._fault("registering the step's requests failed")
+            names = [self._class_name_of(r) for r in ids]
+            k = np.array([self.fallback_k(c) for c in names], dtype=np.int64)
+            plan = StepPlan(ids, k, np.zeros(len(ids)), np.full(len(ids), why.CODE[why.FALLBACK]))
+            self._metrics("record_fallback", names, fb.drafted, fb.accepted)
+            return plan
+        allow = self._guard(slots, fb.drafted, fb.accepted, fb.step_time_s)
+        self.held = not allow
+        ks, props, reasons = self._decide(slots, fb.drafted, fb.accepted, fb.step_time_s,
+                                          allow, fb.sources, fb.missed)
+        return StepPlan(ids, ks, props, reasons)
 
     def step(self, slots: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
              step_time_s: float | None, allow_speculation: bool = True,
              sources: np.ndarray | None = None, missed: np.ndarray | None = None
              ) -> np.ndarray:
-        """Feed back the last step, return K per request for the next one; the proposer that
-        is to draft it is in req_proposer[slots] (always 0 with one proposer).
-
-        `sources`: which proposer drafted what each request verified (index into proposers;
-        None: the first). `missed`: requests whose proposer was asked for drafts and found
-        none; with several proposers that counts as a draft rejected at its first position
-        (for learning only: the metrics and the step-time model see what was verified).
-        `allow_speculation` False (the payoff guard holds speculation): every
-        K is 0 and the decision is recorded as plain; the controller still learns and plans as
-        usual, so its hysteresis and cut state stay those of its own plan."""
+        """`plan` for callers that hold slots (`add_request`): K per request for the next step;
+        the proposer to draft it is in req_proposer[slots], the reason in req_reason[slots].
+        `allow_speculation` False holds every K at 0 (the guard's hold)."""
         slots = np.ascontiguousarray(slots, dtype=np.int64)
+        return self._decide(slots, drafted, accepted, step_time_s, allow_speculation, sources,
+                            missed)[0]
+
+    def _enter(self, req_id: str) -> int:
+        """A request's slot; its first feedback registers it with what `admit` chose."""
+        slot = self._slot_of.get(req_id)
+        if slot is not None:
+            return slot
+        name, prop = self._new.pop(req_id, (self.policy.default_class, 0))
+        slot = self.add_request(req_id, name)
+        # What its prefill step proposed (the step-time model subtracts a model's passes).
+        self.req_proposer[slot] = prop
+        self.req_k[slot], self.req_reason[slot] = self._new_plan(name)
+        return slot
+
+    def _new_plan(self, class_name: str) -> tuple[int, int]:
+        """K and reason of a request not fed back yet (see plan_for)."""
+        k, reason = self._new_request_k(class_name)
+        if self.held and k:
+            return 0, why.CODE[why.GUARD_HOLD]
+        return k, reason
+
+    def _decide(self, slots: np.ndarray, drafted: Any, accepted: Any, step_time_s: float | None,
+                allow: bool, sources: Any, missed: Any
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Learn from the step, then K, proposer and reason per request (see `plan`)."""
+        drafted = np.ascontiguousarray(drafted, dtype=np.int64)
+        accepted = np.ascontiguousarray(accepted, dtype=np.int64)
         src = None
         try:
-            drafted = np.ascontiguousarray(drafted, dtype=np.int64)
-            accepted = np.ascontiguousarray(accepted, dtype=np.int64)
             src = (np.zeros(slots.shape, dtype=np.int64) if sources is None
                    else np.clip(np.ascontiguousarray(sources, dtype=np.int64), 0,
                                 self.n_prop - 1))
             learned = drafted
             if missed is not None and self.n_prop > 1:
+                # Asked and found nothing: for learning, a draft rejected at its first position
+                # (the metrics and the step-time model see what was verified).
                 learned = np.where(np.asarray(missed, dtype=bool) & (drafted == 0), 1, drafted)
-            ks, kinds = self._step(slots, learned, accepted, step_time_s, src, drafted)
-            if not allow_speculation and ks.any():
+            ks, reasons = self._step(slots, learned, accepted, step_time_s, src, drafted)
+            if not allow:
+                reasons = np.where(ks > 0, why.CODE[why.GUARD_HOLD], reasons)
                 ks = np.zeros_like(ks)
-                kinds = np.where(kinds == 0, 1, kinds)  # speculate -> plain (see DECISIONS)
+            over = ks > self.k_cap
+            if over.any():
+                reasons = np.where(over, why.CODE[why.ENGINE_CAP], reasons)
+                ks = np.minimum(ks, self.k_cap)
+            self.req_k[slots], self.req_reason[slots] = ks, reasons
         except Exception:  # never let a controller fault reach the engine
-            self.errors += 1
-            log.exception("adaptspec controller failed; using fallback K")
-            ks, kinds = self._fallback(slots)
-            if self.metrics is not None:
-                self.metrics.record_error()
-        if self.metrics is not None:
-            try:
-                self.metrics.record_step(self, slots, drafted, accepted, ks, kinds, src)
-            except Exception:
-                self.errors += 1
-                log.exception("adaptspec metrics failed; serving continues")
-        return ks
+            self._fault("controller step failed")
+            ks, reasons = self._fallback(slots)
+        self._metrics("record_step", self, slots, drafted, accepted, ks, reasons, src)
+        return ks, self.req_proposer[slots].copy(), reasons
 
-    def step_by_id(self, req_ids: list[str], classes: list[str], drafted: np.ndarray,
-                   accepted: np.ndarray, step_time_s: float | None,
-                   allow_speculation: bool = True, sources: np.ndarray | None = None,
-                   missed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """`step` for callers that track requests by id (unknown ids are added); returns K and
-        the proposer per request."""
-        slots = np.fromiter(
-            (self.add_request(r, c) for r, c in zip(req_ids, classes, strict=True)),
-            dtype=np.int64, count=len(req_ids),
-        )
-        ks = self.step(slots, drafted, accepted, step_time_s, allow_speculation, sources, missed)
-        return ks, self.req_proposer[slots]
+    def _guard(self, slots: np.ndarray, drafted: Any, accepted: Any,
+               step_time_s: float | None) -> bool:
+        """Feed the payoff guard this step; may the next one speculate?"""
+        guard, p = self.guard, self.policy
+        if guard is None:
+            return True
+        try:
+            # Gating, a step speculated if it verified drafts or its proposer ran with K > 0
+            # (the plan of last step): either costs time whatever was accepted. Not gating, the
+            # guard forces no plain steps to measure, so steps that only proposed are its
+            # plain samples (a model-free proposer's run costs well under 1% of a step).
+            ran = self.req_k[slots] * (self.req_reason[slots] != why.CODE[why.NEW_REQUEST])
+            speculated = bool(np.any(drafted)) or (self.guard_gates and bool(ran.any()))
+            allow, hold, loss = guard.step(
+                len(slots), speculated, int(np.sum(accepted)),
+                None if step_time_s is None else step_time_s * 1e3,
+                bool((self.cls_kind[self.req_class[slots]] > 1).any()),
+                p.latency_critical_slack, self.guard_gates)
+        except Exception:
+            self._fault("payoff guard failed")
+            return True
+        self._metrics("record_payoff", hold, loss, guard.account_ms if self.guard_gates else None)
+        return allow
 
     def _step(self, slots: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
               step_time_s: float | None, src: np.ndarray, verified: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray]:
-        """Feedback, then the decision: K and the kind of each decision (index into
-        DECISIONS). `drafted` is what acceptance learns from, `verified` what the step
-        verified (the step-time model's input)."""
+        """Feedback, then the decision: K and its reason code per request. `drafted` is what
+        acceptance learns from, `verified` what the step verified (the step-time model's
+        input)."""
         n = slots.size
         if n and (slots.ndim != 1 or drafted.shape != slots.shape
                   or accepted.shape != slots.shape):
@@ -362,8 +462,10 @@ class Controller:
 
         p, kk = self.policy, self.k_max
         self.req_proposer[slots] = self.req_k[slots] = 0
+        lc = self.cls_kind[cls] > 1
         if kk == 0 or not np.count_nonzero(self.cls_k_max[cls]):  # no request may draft
-            return np.zeros(n, dtype=np.int64), self.cls_kind[cls]
+            return np.zeros(n, dtype=np.int64), np.where(
+                lc, why.CODE[why.LATENCY_CRITICAL], why.CODE[why.CLASS_CAP])
         explore, z = _NOBODY, _NO_DRAWS
         if p.exploration > 0:
             # Thompson draws for a share of the requests (normal approximation of each Beta
@@ -386,54 +488,42 @@ class Controller:
             self.req_proposer[slots] = choice
             rows = choice * self.n_cls + cls
             sn = self.requests.sn[:, slots * n_prop + choice]
-        ks, kinds, inc, threshold, self.last_predicted_ms = fastpath.decide(
+        ks, _, inc, threshold, self.last_predicted_ms = fastpath.decide(
             post, self._row_k_min, self._row_k_max, self._row_kind, self._row_slo_ms,
             self.requests.shrinkage, sn, rows, explore, z, self.cost.coef_at(n), self.cost.knee,
             p.latency_critical_slack, p.hysteresis_steps, self.req_prev_k, self.req_votes,
             slots)
+        reasons = self._reasons(ks, cls, explore, inc, threshold)
         if pass_tokens is not None:
-            # The plan priced the verify pass; a model proposer's draft token also costs its
-            # pass: it is drafted only while its expected gain (its increment) pays for that.
-            cost = pass_tokens[self.req_proposer[slots]]
-            worth = (inc >= cost[None, :]).sum(axis=0)
-            ks = np.where(cost > 0, np.minimum(ks, np.maximum(worth, self.cls_k_min[cls])), ks)
-            if (self.cls_kind[cls] > 1).any():
-                ks = self._passes_within_slack(ks, inc, slots, cls, plain_ms)
-            kinds = np.where(ks > 0, 0, np.where(kinds == 0, 1, kinds))
-        self.req_k[slots] = ks
+            k_min = self.cls_k_min[cls]
+            trimmed = passcost.worth_drafting(ks, inc, pass_tokens[self.req_proposer[slots]],
+                                              k_min)
+            if lc.any():
+                trimmed = passcost.within_slack(
+                    trimmed, inc, self.pass_ms[self.req_proposer[slots]], k_min,
+                    self.cost.coef_at(n), self.cost.knee, p.latency_critical_slack, plain_ms)
+            reasons = np.where(trimmed < ks, why.CODE[why.PASS_COST], reasons)
+            ks = trimmed
         self._last_cut = (slots, rows, inc, threshold)
-        return ks, kinds
+        return ks, reasons
 
-    def _passes_within_slack(self, ks: np.ndarray, inc: np.ndarray, slots: np.ndarray,
-                             cls: np.ndarray, plain_ms: float) -> np.ndarray:
-        """With a latency-critical request in the batch, a model proposer's passes count
-        against the policy's slack like the verify plan does: that request gets one token a
-        step whoever drafts. The passes left in the slack go to the most valuable positions
-        (increments only shrink along a draft, so each request keeps a prefix)."""
-        ms = self.pass_ms[self.req_proposer[slots]]
-        model = (ms > 0) & (ks > 0)
-        if not model.any():
-            return ks
-        # What the step costs with the other requests' drafts, and what each of the model's
-        # tokens adds: its pass and its verification (the verify model's per-token term).
-        rest = np.where(model, 0, ks)
-        coef, knee = self.cost.coef_at(len(ks)), self.cost.knee
-        base = float(fastpath.step_time(coef, len(ks), float(rest.sum()),
-                                        float(rest.max(initial=0)), knee))
-        budget = (1.0 + self.policy.latency_critical_slack) * plain_ms - base
-        ms = ms + coef[2] + coef[5] * (float(ks.sum()) + len(ks) > knee)
-        cols = np.flatnonzero(model)
-        pos = [(inc[j, i], i, j) for i in cols.tolist() for j in range(int(ks[i]))]
-        pos.sort(key=lambda x: (-x[0], x[2]))
-        keep = np.zeros_like(ks)
-        for _, i, _j in pos:
-            if budget < ms[i]:
-                break
-            budget -= ms[i]
-            keep[i] += 1
-        out = ks.copy()
-        out[cols] = np.maximum(keep[cols], self.cls_k_min[cls[cols]])
-        return out
+    def _reasons(self, ks: np.ndarray, cls: np.ndarray, explore: np.ndarray, inc: np.ndarray,
+                 threshold: int) -> np.ndarray:
+        """Why the decision gave each request its K: latency-critical, the class's k_max where
+        the next position would have been drafted without it, else learned (or exploring)."""
+        reasons = np.full(ks.shape, why.CODE[why.LEARNED], dtype=np.int64)
+        if explore.size:
+            reasons[explore] = why.CODE[why.EXPLORING]
+        cap = self.cls_k_max[cls]
+        at_cap = (ks == cap) & (cap < inc.shape[0])
+        if at_cap.any():
+            cols = np.flatnonzero(at_cap)
+            nxt = inc[cap[cols], cols]
+            # the bin of the next position (see fastpath.decide) reaching the plan's threshold
+            wanted = np.floor(np.sqrt(nxt) * (BINS - 1)) + 1 >= threshold
+            reasons[cols[wanted]] = why.CODE[why.CLASS_CAP]
+        reasons[self.cls_kind[cls] > 1] = why.CODE[why.LATENCY_CRITICAL]
+        return reasons
 
     def cut(self, slots: np.ndarray, lengths: np.ndarray, confidence: np.ndarray) -> np.ndarray:
         """Draft lengths after weighing each draft's own confidence; never longer than given.
@@ -472,32 +562,63 @@ class Controller:
         out = lengths.copy()
         if not known.any():
             return out
-        c = self.req_conf[slots[known]]
-        val = inc[:, cols[known]]  # [k_max, m]
-        # Per-position acceptance back from the running product (0 once a product reached 0).
-        prev = np.vstack([np.ones((1, val.shape[1])), val[:-1]])
-        alpha = np.divide(val, prev, out=np.zeros_like(val), where=prev > 0)
-        shift = self.confidence.shift(last_rows[cols[known]], c)
-        a = np.clip(alpha, 1e-9, 1.0 - 1e-9)
-        calibrated = np.where(alpha > 0, 1.0 / (1.0 + (1.0 - a) / a * np.exp(-shift)), 0.0)
-        per_position = np.where(np.isfinite(shift)[None, :], calibrated,
-                                (1.0 - w) * alpha + w * c)
-        blended = np.multiply.accumulate(per_position, axis=0)
-        # Bin b of a value v is floor(sqrt(v) * (BINS - 1)) + 1 (see step_reference.decide):
-        # reaching the threshold bin is reaching this value.
-        floor = ((threshold - 1) / (BINS - 1)) ** 2
-        keep = np.maximum((blended >= floor).sum(axis=0), k_min[cols[known]])
+        keep = confidence_keep(inc[:, cols[known]], self.req_conf[slots[known]],
+                               self.confidence.shift(last_rows[cols[known]],
+                                                     self.req_conf[slots[known]]),
+                               w, threshold, k_min[cols[known]])
         out[known] = np.minimum(lengths[known], keep)
         return out
 
+    def fallback_k(self, class_name: str) -> int:
+        """The policy's fallback K for a class: within its k_max (0 for a latency-critical
+        class: that promise does not depend on the model) and the engine's cap."""
+        return min(self.policy.fallback_k, self._new_request_k(class_name)[0])
+
+    def _new_request_k(self, class_name: str) -> tuple[int, int]:
+        """K and reason code of a request not decided yet: its class's k_max within the cap."""
+        p = self.policy
+        settings = class_name if class_name in p.classes else p.default_class
+        if p.classes[settings].latency_critical:
+            return 0, why.CODE[why.LATENCY_CRITICAL]
+        return min(p.class_k_max(settings), self.k_cap), why.CODE[why.NEW_REQUEST]
+
+    def _class_name_of(self, req_id: str) -> str:
+        slot = self._slot_of.get(req_id)
+        if slot is not None:
+            return self.class_names[self.req_class[slot]]
+        return self._new.get(req_id, (self.policy.default_class, 0))[0]
+
     def _fallback(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         try:
-            cap = self.cls_k_max[self.req_class[slots]]
-            ks = np.minimum(self.policy.fallback_k, cap)
+            ks = np.array([self.fallback_k(self._class_name_of(self.req_id_of[s]))
+                           for s in slots.tolist()], dtype=np.int64)
             self.req_proposer[slots] = 0
+            self.req_k[slots], self.req_reason[slots] = ks, why.CODE[why.FALLBACK]
         except Exception:
             ks = np.zeros(np.size(slots), dtype=np.int64)
-        return ks.astype(np.int64), np.full(ks.shape, 3, dtype=np.int64)
+        return ks, np.full(ks.shape, why.CODE[why.FALLBACK], dtype=np.int64)
+
+    def count_error(self) -> None:
+        """One fault absorbed: the engine's one error count, and its metric."""
+        self.errors += 1
+        if self.metrics is not None:
+            try:
+                self.metrics.record_error()
+            except Exception:
+                log.exception("adaptspec: metrics failed")
+
+    def _fault(self, what: str) -> None:
+        self.count_error()
+        log.exception("adaptspec: %s; using the fallback K", what)
+
+    def _metrics(self, method: str, *args: Any) -> None:
+        if self.metrics is None:
+            return
+        try:
+            getattr(self.metrics, method)(*args)
+        except Exception:
+            self.count_error()
+            log.exception("adaptspec: metrics failed; serving continues")
 
     # ------------------------------------------------------------------ introspection
 
@@ -518,46 +639,3 @@ class Controller:
                        for i, name in enumerate(self.class_names)}
                 for p, prop in enumerate(self.proposers)}} if self.n_prop > 1 else {}),
         }
-
-
-
-DECISIONS = (SPECULATE, PLAIN, LATENCY_CRITICAL, FALLBACK)
-
-
-def time_decisions(policy: Policy, batch: int, repeats: int = 2000, seed: int = 0,
-                   speculating: bool = False) -> dict:
-    """Median and p99 time of one controller step (feedback + decision) for a batch, used by
-    `adaptspec bench decide`. Wall time (median_us, p99_us) and the thread's CPU time
-    (cpu_median_us, cpu_p99_us): on a shared machine the wall clock also counts the time other
-    processes hold the core, the CPU clock only the controller's own work.
-
-    Requests cycle through the policy's classes; `speculating` leaves the latency-critical
-    ones out, so that (where the cost model allows) the batch drafts and feeds back every step
-    rather than being held at K = 0 by a latency-critical request."""
-    rng = np.random.default_rng(seed)
-    ctl = Controller(policy, seed=seed)
-    names = [n for n, c in policy.classes.items() if not (speculating and c.latency_critical)]
-    slots = np.array([ctl.add_request(f"r{i}", names[i % len(names)]) for i in range(batch)])
-    wall = np.empty(repeats)
-    cpu = np.empty(repeats)
-    ks = np.zeros(batch, dtype=np.int64)
-    for i in range(repeats):
-        drafted = ks
-        accepted = rng.binomial(drafted, 0.7)
-        c0 = time.thread_time_ns()
-        t0 = time.perf_counter_ns()
-        ks = ctl.step(slots, drafted, accepted, 0.02)
-        wall[i] = time.perf_counter_ns() - t0
-        cpu[i] = time.thread_time_ns() - c0
-    skip = repeats // 10  # warm-up: allocator, the cost model's first refits
-    wall, cpu = wall[skip:] / 1e3, cpu[skip:] / 1e3
-    return {
-        "batch": batch,
-        "speculating": speculating,
-        "mean_k": float(np.mean(ks)),
-        "median_us": float(np.median(wall)),
-        "p99_us": float(np.percentile(wall, 99)),
-        "cpu_median_us": float(np.median(cpu)),
-        "cpu_p99_us": float(np.percentile(cpu, 99)),
-        "errors": ctl.errors,
-    }

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
+from adaptspec.plan import DECISIONS, REASONS, decision_kinds
 from adaptspec.policy import OTHER_CLASS
 
 if TYPE_CHECKING:
     from adaptspec.controller import Controller
 
-DECISION_LABELS = ("speculate", "plain", "latency_critical", "fallback")
 
 
 class _Bound:
@@ -67,8 +67,9 @@ class Metrics:
             Counter, "adaptspec_draft_tokens_per_pos",
             "Draft tokens verified at each draft position", ["class", "position"])
         self.steps = family(
-            Counter, "adaptspec_steps", "Per-request decisions, one per request per step, and the "
-            "proposer chosen to draft", ["class", "decision", "proposer"])
+            Counter, "adaptspec_steps", "Per-request decisions, one per request per step: the "
+            "kind, the reason that settled K (adaptspec/plan.py REASONS) and the proposer "
+            "chosen to draft", ["class", "decision", "reason", "proposer"])
         self.chosen_k = family(
             Histogram, "adaptspec_chosen_k", "K chosen per request per step", ["class"],
             buckets=[0.5 + k for k in range(max(k_max, 1))] + [float("inf")])
@@ -181,7 +182,8 @@ class Metrics:
         self._record_drafts(list(names), cls, np.asarray(drafted, dtype=np.int64),
                             np.asarray(accepted, dtype=np.int64), list(props), src)
         for c, n in enumerate(np.bincount(cls, minlength=len(names))):
-            self.steps.labels(self.label(str(names[c])), "fallback", "none").inc(int(n))
+            self.steps.labels(self.label(str(names[c])), "fallback", "fallback", "none").inc(
+                int(n))
 
     def _record_drafts(self, names: Sequence[str], cls: np.ndarray, drafted: np.ndarray,
                        accepted: np.ndarray, proposers: Sequence[str], src: np.ndarray
@@ -215,26 +217,30 @@ class Metrics:
                     self.accepted_per_pos.labels(lab, str(j)).inc(acc_pos[c, j])
 
     def record_step(self, ctl: Controller, slots: np.ndarray, drafted: np.ndarray,
-                    accepted: np.ndarray, ks: np.ndarray, kinds: np.ndarray,
+                    accepted: np.ndarray, ks: np.ndarray, reasons: np.ndarray,
                     sources: np.ndarray | None = None) -> None:
         """One step: what was verified (drafted by `sources`, None: the first proposer) and
-        what was decided (K, kind, and ctl.req_proposer for who drafts next)."""
+        what was planned (K, its reason, and ctl.req_proposer for who drafts next)."""
         if slots.size == 0:
             return
         cls = ctl.req_class[slots]
         n_cls, n_prop = len(ctl.class_names), ctl.n_prop
         src = np.zeros_like(cls) if sources is None else np.asarray(sources, dtype=np.int64)
         self._record_drafts(ctl.class_names, cls, drafted, accepted, ctl.proposers, src)
-        # Decisions per (class, kind, proposer); the proposer only counts where it drafts.
+        # Decisions per (class, kind, reason, proposer); the proposer only counts where it
+        # drafts.
+        kinds = decision_kinds(ks, reasons)
         who = np.where(kinds == 0, ctl.req_proposer[slots], n_prop)
-        dec = np.bincount((cls * 4 + kinds) * (n_prop + 1) + who,
-                          minlength=n_cls * 4 * (n_prop + 1)).reshape(n_cls, 4, n_prop + 1)
+        n_r = len(REASONS)
+        key = ((cls * 4 + kinds) * n_r + reasons) * (n_prop + 1) + who
+        dec = np.bincount(key, minlength=n_cls * 4 * n_r * (n_prop + 1)).reshape(
+            n_cls, 4, n_r, n_prop + 1)
         props = (*ctl.proposers, "none")
         means = ctl.estimator.mean()[:, 0]
         for c in np.unique(cls):
             lab = self.label(ctl.class_names[c])
-            for i, p in zip(*np.nonzero(dec[c]), strict=True):
-                self.steps.labels(lab, DECISION_LABELS[i], props[p]).inc(dec[c, i, p])
+            for i, r, p in zip(*np.nonzero(dec[c]), strict=True):
+                self.steps.labels(lab, DECISIONS[i], REASONS[r], props[p]).inc(dec[c, i, r, p])
             hist = self.chosen_k.labels(lab)
             for k, count in enumerate(np.bincount(ks[cls == c])):
                 for _ in range(int(count)):

@@ -199,6 +199,22 @@ class PayoffGuard:
         token a step whatever the others accept, so such a step is that much slower for it."""
         return self.ratio_n >= self.min_ratio_samples and self.spec_ratio > 1.0 + slack
 
+    def step(self, batch: int, speculated: bool, accepted: int, step_ms: float | None,
+             latency_critical: bool, slack: float, gates: bool
+             ) -> tuple[bool, str | None, float | None]:
+        """One engine step seen (`observe`); may the next speculate, why not (a hold reason:
+        the guard's own, or "latency"), and the loss charged. Not gating, the guard only keeps
+        its account and never holds, except that with a latency-critical request in the batch
+        measurements decide: the cost model may price a step with drafts within the slack of
+        plain decoding while the engine measures it slower."""
+        loss = self.observe(batch, speculated, accepted, step_ms,
+                            latency_critical=latency_critical, slack=slack)
+        allow = self.allow(batch) if gates else True
+        hold = self.last_hold if gates else None
+        if allow and latency_critical and self.drafts_slow_steps(slack):
+            allow, hold = False, "latency"
+        return allow, hold, loss
+
     def summary(self) -> dict[str, float]:
         return {"steps": self.steps, "spec_steps": self.spec_steps, "loss_ms": self.loss_ms,
                 "time_ms": self.time_ms, "account_ms": self.account_ms,

@@ -1,9 +1,10 @@
 """What an engine integration drives once per step: classes, the controller, snapshots, faults.
 
 The engine plugin stays thin: it tells the runtime when a request arrives (`admit`), what each
-step's verification did (`step`) and when a request leaves (`finish`); it reads back K per
-request (`k_for`, `k_to_propose`). Everything here is engine-agnostic and never raises into the
-engine: a fault gives every request the policy's fallback K, is logged and counted.
+step's verification did (`step`) and when a request leaves (`finish`); it reads back the plan
+(`plan_for`: K, proposer and reason per request, all decided by `Controller.plan`).
+Everything here is engine-agnostic and never raises into the engine: a fault gives every
+request the policy's fallback K, is logged and counted (the controller's one error count).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from adaptspec import snapshot
 from adaptspec.classify import Classifier, RequestInfo
 from adaptspec.controller import Controller
 from adaptspec.metrics import Metrics
-from adaptspec.payoff import PayoffGuard
+from adaptspec.plan import StepFeedback, StepPlan
 from adaptspec.policy import Policy
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ class AdaptiveRuntime:
 
     Attributes: policy, k_cap (the engine's num_speculative_tokens), proposers (names of the
     engine's proposers, in the order the engine indexes them), controller, classifier, metrics,
-    classes (request id -> class name), errors (faults absorbed here).
+    classes (request id -> class name), last_plan (the plan of the last step).
     """
 
     def __init__(self, policy: Policy, *, k_cap: int, metrics: Metrics | None = None,
@@ -43,22 +44,15 @@ class AdaptiveRuntime:
         self.model = model
         self.metrics = metrics
         self.classifier = Classifier(policy)
-        self.errors = 0
         # The controller records each step's metrics through a guard, so a failing registry is
         # counted in adaptspec_controller_errors_total like any other fault.
         guarded = None if metrics is None else _MetricsGuard(metrics, self._count_error)
-        self.controller = Controller(policy, metrics=guarded, seed=seed, proposers=proposers)
+        self.controller = Controller(policy, metrics=guarded, seed=seed, proposers=proposers,
+                                     k_cap=self.k_cap, payoff_guard=True)
         self.proposers = self.controller.proposers
-        self.fallback_k = min(policy.fallback_k, self.k_cap)
-        pay = policy.payoff
-        # The guard's account of what speculating steps lost or saved against plain decoding is
-        # kept (and exported) whether or not it gates: an operator sees what speculation does on
-        # this engine before turning the gate on. Off, it never holds a step.
-        self.guard = PayoffGuard(pay.budget, pay.cap_steps, pay.refresh_steps)
-        self.guard_gates = pay.enabled
+        self.guard = self.controller.guard
         self.classes: dict[str, str] = {}
-        self._k: dict[str, int] = {}
-        self._p: dict[str, int] = {}  # proposer per request, with more than one proposer
+        self.last_plan: StepPlan | None = None
         self._last_snapshot = time.monotonic()
         # What start-up restored (classes, and from which file): the engine logs it.
         self.restored, self.restored_from = 0, None
@@ -73,6 +67,11 @@ class AdaptiveRuntime:
                 self._count_error()
                 log.warning("adaptspec: ignoring state snapshot (%s); starting from priors", e)
 
+    @property
+    def errors(self) -> int:
+        """Faults absorbed on this engine (the controller's count: one for the engine)."""
+        return self.controller.errors
+
     # ---------------------------------------------------------------- requests
 
     def admit(self, req_id: str, info: RequestInfo) -> str:
@@ -84,14 +83,11 @@ class AdaptiveRuntime:
             log.exception("adaptspec: classifying request failed; using the default class")
             cls = self.policy.default_class
         self.classes[req_id] = cls
-        if len(self.proposers) > 1:
-            self._p[req_id] = self.controller.first_proposer(cls)
+        self.controller.admit(req_id, cls)
         return cls
 
     def finish(self, req_id: str) -> None:
         self.classes.pop(req_id, None)
-        self._k.pop(req_id, None)
-        self._p.pop(req_id, None)
         try:
             self.controller.remove_request(req_id)
         except Exception:
@@ -103,66 +99,25 @@ class AdaptiveRuntime:
     def step(self, req_ids: Sequence[str], drafted: Sequence[int], accepted: Sequence[int],
              step_time_s: float | None, sources: Sequence[int] | None = None,
              missed: Sequence[bool] | None = None) -> dict[str, int]:
-        """Feed back one engine step; returns the K each of these requests gets next (and
-        `proposer_for` who drafts it). `sources`: the proposer (index into `proposers`) whose
-        drafts each request verified; None: the first. `missed`: whose proposer was asked for
-        drafts and found none."""
+        """Feed back one engine step (see plan.StepFeedback); returns the K each of these
+        requests gets next (the whole plan: `last_plan`, `plan_for`)."""
         if not req_ids:
             return {}
-        props = None
-        try:
-            classes = [self.classes.get(r, self.policy.default_class) for r in req_ids]
-            allow = self._payoff(req_ids, classes, drafted, accepted, step_time_s)
-            ks, props = self.controller.step_by_id(
-                list(req_ids), classes, np.asarray(drafted, dtype=np.int64),
-                np.asarray(accepted, dtype=np.int64), step_time_s, allow_speculation=allow,
-                sources=None if sources is None else np.asarray(sources, dtype=np.int64),
-                missed=None if missed is None else np.asarray(missed, dtype=bool),
-            )
-            ks = np.minimum(ks, self.k_cap).tolist()
-            props = props.tolist()
-        except Exception:
-            self._count_error()
-            log.exception("adaptspec: controller step failed; using fallback K=%d", self.fallback_k)
-            ks = [self._fallback_for(r) for r in req_ids]
-            props = None
-            self._record_fallback(req_ids, drafted, accepted, sources)
-        decided = {r: int(k) for r, k in zip(req_ids, ks, strict=True)}
-        self._k.update(decided)
-        if len(self.proposers) > 1:
-            self._p.update(zip(req_ids, props or [0] * len(req_ids), strict=True))
-        return decided
+        self.last_plan = self.controller.plan(
+            StepFeedback(req_ids, drafted, accepted, step_time_s, sources, missed))
+        return self.last_plan.k_map()
 
-    def _payoff(self, req_ids: Sequence[str], classes: Sequence[str], drafted: Sequence[int],
-                accepted: Sequence[int], step_time_s: float | None) -> bool:
-        """Feed the payoff guard this step; may the next one speculate?"""
-        guard = self.guard
-        # Gating, a step speculated if it verified drafts or its proposer ran with K > 0 (the
-        # K decided last step): either costs time whatever was accepted. Not gating, the guard
-        # forces no plain steps to measure, so steps that only proposed are its plain samples
-        # (a model-free proposer's run costs well under 1% of a step; a draft model's passes in
-        # such steps are then not charged).
-        speculated = any(drafted) or (self.guard_gates
-                                      and any(self._k.get(r, 0) for r in req_ids))
-        lc = any(self._latency_critical(c) for c in set(classes))
-        loss = guard.observe(len(req_ids), speculated, int(sum(accepted)),
-                             None if step_time_s is None else step_time_s * 1e3,
-                             latency_critical=lc, slack=self.policy.latency_critical_slack)
-        allow = guard.allow(len(req_ids)) if self.guard_gates else True
-        hold = guard.last_hold if self.guard_gates else None
-        if allow and lc and guard.drafts_slow_steps(self.policy.latency_critical_slack):
-            # The controller's cost model may price a step with drafts within the slack of
-            # plain decoding while the engine measures it slower: with a latency-critical
-            # request in the batch, measurements decide, whether or not the guard gates.
-            allow, hold = False, "latency"
-        if self.metrics is not None:
-            try:
-                self.metrics.record_payoff(hold, loss,
-                                           guard.account_ms if self.guard_gates else None)
-            except Exception:
-                self._count_error()
-                log.exception("adaptspec: metrics failed; serving continues")
-        return allow
+    def plan_for(self, req_ids: Sequence[str]) -> StepPlan:
+        """The plan in force for these requests (Controller.plan_for)."""
+        return self.controller.plan_for(req_ids)
+
+    def k_for(self, req_id: str) -> int:
+        """A request's K in the plan in force."""
+        return int(self.plan_for([req_id]).k[0])
+
+    def proposer_for(self, req_id: str) -> int:
+        """Index of the proposer to draft a request's next step, in the plan in force."""
+        return int(self.plan_for([req_id]).proposer[0])
 
     def cut(self, req_ids: Sequence[str], lengths: Sequence[int],
             confidence: Sequence[float]) -> list[int]:
@@ -200,21 +155,6 @@ class AdaptiveRuntime:
                     log.exception("adaptspec: metrics failed")
         return out
 
-    def k_for(self, req_id: str) -> int:
-        """K for a request's next step; one the controller has not seen gets the fallback."""
-        k = self._k.get(req_id)
-        return self._fallback_for(req_id) if k is None else k
-
-    def k_to_propose(self, req_id: str) -> int:
-        """How many tokens a request's proposer may draft this step: its K once decided; before
-        that (the step that prefills it proposes its first drafts, which the decision made in
-        the same step then cuts) its class's k_max, and 0 for a latency-critical class, whose
-        proposer then never runs."""
-        k = self._k.get(req_id)
-        if k is None:
-            k = min(self.k_cap, self.policy.class_k_max(self._settings(req_id)))
-        return k
-
     def record_draft_cost(self, ms: float, passes: int, catchup_tokens: int = 0,
                           forward_passes: int | None = None) -> None:
         """What the draft model ran for the drafts just proposed (a hybrid with a draft model):
@@ -232,28 +172,6 @@ class AdaptiveRuntime:
         except Exception:
             self._count_error()
             log.exception("adaptspec: recording the draft model's cost failed")
-
-    def proposer_for(self, req_id: str) -> int:
-        """Index of the proposer to draft a request's next step (0 until decided)."""
-        return self._p.get(req_id, 0)
-
-    def proposer_map(self) -> dict[str, int]:
-        return dict(self._p)
-
-    def _settings(self, req_id: str) -> str:
-        """The policy class whose settings a request has: dynamic classes (names the policy
-        does not list) and unknown requests have the default class's."""
-        cls = self.classes.get(req_id, self.policy.default_class)
-        return cls if cls in self.policy.classes else self.policy.default_class
-
-    def _latency_critical(self, cls: str) -> bool:
-        p = self.policy
-        return p.classes[cls if cls in p.classes else p.default_class].latency_critical
-
-    def _fallback_for(self, req_id: str) -> int:
-        # Latency-critical stays at 0 even in a fault (class_k_max is 0 there): that promise
-        # does not depend on the model; nor does a class's k_max.
-        return min(self.fallback_k, self.policy.class_k_max(self._settings(req_id)))
 
     # ---------------------------------------------------------------- snapshots and faults
 
@@ -274,30 +192,8 @@ class AdaptiveRuntime:
             log.warning("adaptspec: could not write state snapshot %s: %s", path, e)
             return False
 
-    def _record_fallback(self, req_ids: Sequence[str], drafted: Sequence[int],
-                         accepted: Sequence[int], sources: Sequence[int] | None = None) -> None:
-        if self.metrics is None:
-            return
-        try:
-            self.metrics.record_fallback(
-                [self.classes.get(r, self.policy.default_class) for r in req_ids],
-                drafted, accepted, self._source_names(sources, len(req_ids)))
-        except Exception:
-            log.exception("adaptspec: metrics failed")
-
-    def _source_names(self, sources: Sequence[int] | None, n: int) -> list[str]:
-        names = self.proposers
-        if sources is None:
-            return [names[0]] * n
-        return [names[min(max(int(s), 0), len(names) - 1)] for s in sources]
-
     def _count_error(self) -> None:
-        self.errors += 1
-        if self.metrics is not None:
-            try:
-                self.metrics.record_error()
-            except Exception:
-                log.exception("adaptspec: metrics failed")
+        self.controller.count_error()
 
     def summary(self) -> dict[str, Any]:
         s = self.controller.summary()
@@ -306,9 +202,9 @@ class AdaptiveRuntime:
 
     def state_sizes(self) -> dict[str, int]:
         """How much per-request and per-class state is held (bounded by the policy's caps)."""
-        return {"requests": len(self.classes), "k_entries": len(self._k),
-                "proposer_entries": len(self._p),
+        return {"requests": len(self.classes),
                 "controller_requests": self.controller.num_requests,
+                "controller_new_requests": self.controller.num_new_requests,
                 "controller_classes": len(self.controller.class_names), "errors": self.errors}
 
 

@@ -97,12 +97,7 @@ def load_state_dict(ctl: Controller, state: dict[str, Any]) -> int:
             raise SnapshotError("cost_coef_ms does not fit this cost model")
     restored: set[int] = set()
     for prop, name, succ, fail in records:
-        idx = ctl._class_index.get(name)
-        if idx is None and ctl.policy.dynamic_classes and name != ctl.class_names[ctl._other] \
-                and len(ctl.class_names) < len(ctl.cls_k_max):
-            # A dynamic class the engine had learned: registered again while there is room
-            # (restoring never evicts one), so a restart loses none of what fits.
-            idx = ctl.class_index(name)
+        idx = ctl.restore_class(name)
         if idx is None:
             continue  # a class the policy no longer names
         restored.add(idx)

@@ -312,6 +312,6 @@ def test_a_new_requests_first_draft_comes_from_its_classs_best_proposer() -> Non
     ctl = rt.controller
     simulate(ctl, ["math"] * 3, {("math", 0): 0.1, ("math", 1): 0.9}, 100)
     rt.admit("new", RequestInfo(extra_args={"adaptspec_class": "math"}))
-    assert rt.proposer_for("new") == 1 and rt.proposer_map()["new"] == 1
+    assert rt.proposer_for("new") == 1 and rt.plan_for(["new"]).proposer_of("new") == 1
     rt.finish("new")
-    assert "new" not in rt.proposer_map()
+    assert rt.controller.num_new_requests == 0

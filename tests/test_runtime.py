@@ -52,7 +52,8 @@ def test_runtime_classifies_caps_k_and_forgets_finished() -> None:
     assert ks["b"] == 0
     rt.finish("a")
     assert "a" not in rt.classes and rt.controller.slot("a") is None
-    assert rt.k_for("a") == 2  # unknown now: fallback
+    # unknown now: planned as a new request of the default class (k_max 8, engine cap 3)
+    assert rt.k_for("a") == 3 and rt.plan_for(["a"]).reason_of("a") == "new_request"
 
 
 def test_a_new_request_may_propose_its_class_k_max_and_a_latency_critical_one_nothing() -> None:
@@ -66,10 +67,13 @@ def test_a_new_request_may_propose_its_class_k_max_and_a_latency_critical_one_no
     rt = AdaptiveRuntime(pol, k_cap=4)
     for rid, cls in (("a", "code"), ("s", "short"), ("i", "interactive")):
         rt.admit(rid, RequestInfo(extra_args={"adaptspec_class": cls}))
-    assert [rt.k_to_propose(r) for r in "asi"] == [4, 1, 0]
-    assert [rt.k_for(r) for r in "asi"] == [2, 1, 0]  # the fallback, within each class
+    plan = rt.plan_for(list("asi"))
+    assert plan.k.tolist() == [4, 1, 0]
+    assert [plan.reason_of(r) for r in "asi"] == ["new_request", "new_request",
+                                                  "latency_critical"]
+    assert [rt.controller.fallback_k(c) for c in ("code", "short", "interactive")] == [2, 1, 0]
     ks = rt.step(["a", "s", "i"], [0, 0, 0], [0, 0, 0], None)
-    assert [rt.k_to_propose(r) for r in "asi"] == [ks["a"], ks["s"], 0]
+    assert [rt.k_for(r) for r in "asi"] == [ks["a"], ks["s"], 0]
 
 
 def test_runtime_faults_give_fallback_but_latency_critical_stays_plain(
@@ -83,13 +87,14 @@ def test_runtime_faults_give_fallback_but_latency_critical_stays_plain(
     def boom(*a: object, **k: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(rt.controller, "step_by_id", boom)
+    monkeypatch.setattr(rt.controller, "_step", boom)
     assert rt.step(["a", "b"], [3, 0], [2, 0], 0.01) == {"a": 2, "b": 0}
     assert rt.errors == 1
     assert value(reg, "adaptspec_controller_errors_total") == 1.0
     for cls in ("code", "interactive"):
         assert value(reg, "adaptspec_steps_total",
-                     {"class": cls, "decision": "fallback", "proposer": "none"}) == 1.0
+                     {"class": cls, "decision": "fallback", "reason": "fallback",
+                      "proposer": "none"}) == 1.0
     # The step's drafts were verified all the same: counted as the controller would count them
     # (the counts must keep matching vLLM's own spec-decode counters, see test_vllm_plugin.py).
     code = {"class": "code", "proposer": "ngram"}

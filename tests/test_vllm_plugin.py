@@ -369,27 +369,29 @@ def test_our_proposer_drafts_exactly_k_and_nothing_for_k0(monkeypatch: pytest.Mo
     cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4))
     p = prop.NgramProposer(cfg)
     tokens = np.arange(40).reshape(4, 10)
-    prop._step.req_ids, prop._step.k_map = ["a", "b", "c", "d"], {"a": 0, "b": 2, "c": 9}
+    prop._step.req_ids, prop._step.plan = ["a", "b", "c", "d"], plan_of({"a": 0, "b": 2, "c": 9})
     drafts = p.propose([[1], [1], [1], []], [10, 10, 10, 5], tokens)
     # a: K=0, never asked; b: 2; c: capped at num_speculative_tokens; d: prefill, no token yet
     assert drafts == [[], [7, 7], [7] * 4, []]
     assert calls == [("b", 2), ("c", 4)]
-    prop._step.req_ids, prop._step.k_map = ["b"], {"b": 1}
+    prop._step.req_ids, prop._step.plan = ["b"], plan_of({"b": 1})
     assert p.propose([[1]], [10], tokens) == [[7]]
     assert set(calls[2:]) == {("a", -1), ("c", -1), ("d", -1), ("b", 1)}
 
 
+def plan_of(ks: dict[str, int]) -> Any:
+    from adaptspec.plan import StepPlan
+
+    return StepPlan(list(ks), list(ks.values()), [0] * len(ks), [0] * len(ks))
+
+
 def test_vllm_proposers_draft_no_more_than_the_longest_k() -> None:
     # vLLM's ngram / draft_model proposers draft num_spec_tokens_to_schedule tokens for every
-    # request: the scheduler lowers it to the longest K in the batch (0: no draft passes).
-    from adaptspec_vllm.scheduler import draft_budget
-
-    k = {"a": 0, "b": 3, "c": 1}.get
-    assert draft_budget(k, ["a", "c"], 8) == 1
-    assert draft_budget(k, ["a", "b", "c"], 8) == 3
-    assert draft_budget(k, ["a"], 8) == 0
-    assert draft_budget(k, ["b"], 2) == 2  # never more than vLLM was configured for
-    assert draft_budget(k, [], 8) == 0
+    # request: the scheduler lowers it to the plan's longest K (0: no draft passes).
+    assert plan_of({"a": 0, "c": 1}).depth() == 1
+    assert plan_of({"a": 0, "b": 3, "c": 1}).depth() == 3
+    assert plan_of({"a": 0}).depth() == 0
+    assert plan_of({}).depth() == 0
 
 
 def test_learned_state_is_snapshotted_privately(runs: dict, policy_file: Path) -> None:

@@ -8,15 +8,15 @@ choosing per request and step which one drafts).
 vLLM calls ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`` with rows of the
 input batch but no request ids and no per-request K. One wrapper around the model runner's
 ``propose_draft_token_ids`` (installed by the first proposer built) records the batch's request
-ids and the K map the AdaptiveScheduler attached to the step's SchedulerOutput; the proposer
-reads them to draft exactly K tokens per request and nothing at all for K = 0.
+ids and the plan the AdaptiveScheduler attached to the step's SchedulerOutput (StepPlan, the
+one thing it carries to the worker); the proposer drafts exactly the plan's K tokens per
+request, with the plan's proposer, and nothing at all for K = 0.
 
-Each draft's confidence (the proposer's own estimate of its per-token acceptance) rides back to
-the scheduler as an ``adaptspec_confidence`` attribute on the DraftTokenIds that
-``take_draft_token_ids`` returns: the same object in one process, pickled with its attributes
-across a multiprocess executor. The scheduler lets the controller cut a weak draft shorter.
-The hybrid's drafts carry ``adaptspec_source`` the same way: which proposer drafted each, so
-the controller credits what is verified to the proposer that proposed it.
+What the proposers say of their drafts rides back to the scheduler as one DraftReport on the
+DraftTokenIds that ``take_draft_token_ids`` returns (the same object in one process, pickled
+with its attributes across a multiprocess executor): each draft's confidence (the scheduler
+lets the controller cut a weak draft shorter), which proposer drafted it (the controller
+credits what is verified to the proposer that proposed it) and what a draft model ran.
 """
 
 from __future__ import annotations
@@ -30,13 +30,11 @@ from adaptspec_vllm import touchpoints
 from adaptspec_vllm.version import check_version
 
 from adaptspec import proposers as core
+from adaptspec.plan import DRAFT_REPORT_ATTR, DraftReport, StepPlan
 
-# req_ids, k_map and confidences of the step being drafted, per worker thread
+# The batch's request ids, the plan and the report of the step being drafted, per worker
+# thread (vLLM's propose() is given neither ids nor a plan).
 _step = threading.local()
-CONFIDENCE_ATTR = "adaptspec_confidence"
-SOURCE_ATTR = "adaptspec_source"
-# (ms, passes, catch-up tokens) the hybrid's draft model ran for this step's drafts
-DRAFT_COST_ATTR = "adaptspec_draft_cost"
 # The draft model of the hybrid (a Hugging Face folder sharing the target's tokenizer); set by
 # `adaptspec serve --draft`. Read by the scheduler and by the worker, which inherit it.
 DRAFT_ENV = "ADAPTSPEC_DRAFT_MODEL"
@@ -55,30 +53,23 @@ def _install_runner_hook() -> None:
 
     def propose_draft_token_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any):
         _step.req_ids = self.input_batch.req_ids
-        _step.k_map = getattr(scheduler_output, "adaptspec_k", None)
-        _step.proposer_map = getattr(scheduler_output, "adaptspec_proposer", None)
-        _step.confidence = {}
-        _step.source = {}
-        _step.draft_cost = None
+        _step.plan = getattr(scheduler_output, "adaptspec_plan", None)
+        _step.report = DraftReport()
         try:
             return original(self, scheduler_output, *args, **kwargs)
         finally:
             # Kept on the runner until take_draft_token_ids hands the drafts to the scheduler.
-            self._adaptspec_extras = {CONFIDENCE_ATTR: _step.confidence, SOURCE_ATTR: _step.source,
-                                      DRAFT_COST_ATTR: _step.draft_cost}
-            _step.req_ids = _step.k_map = _step.proposer_map = None
-            _step.confidence = _step.source = _step.draft_cost = None
+            self._adaptspec_report = _step.report
+            _step.req_ids = _step.plan = _step.report = None
 
     take = GPUModelRunner.take_draft_token_ids
 
     def take_draft_token_ids(self: Any, *args: Any, **kwargs: Any):
         out = take(self, *args, **kwargs)
-        extras = getattr(self, "_adaptspec_extras", None) or {}
-        self._adaptspec_extras = None
-        if out is not None:
-            for attr, value in extras.items():
-                if value:
-                    setattr(out, attr, value)
+        report = getattr(self, "_adaptspec_report", None)
+        self._adaptspec_report = None
+        if out is not None and report is not None:
+            setattr(out, DRAFT_REPORT_ATTR, report)
         return out
 
     propose_draft_token_ids._adaptspec = True  # type: ignore[attr-defined]
@@ -115,31 +106,30 @@ class _AdaptiveProposer:
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any,
                 token_ids_cpu: Any, *args: Any, **kwargs: Any) -> list[list[int]]:
         req_ids = getattr(_step, "req_ids", None)
-        k_map = getattr(_step, "k_map", None)
+        plan: StepPlan | None = getattr(_step, "plan", None)
         if req_ids is None:
             # The runner hook did not run (another vLLM code path): without ids there is no
             # per-request state to keep, so draft nothing rather than guess.
             return [[] for _ in sampled_token_ids]
-        confidence = getattr(_step, "confidence", None)
-        sources = getattr(_step, "source", None)
+        report: DraftReport | None = getattr(_step, "report", None)
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         rows, asks = [], []
         for i, sampled in enumerate(sampled_token_ids):
             if not sampled:  # a prefill chunk that produced no token yet
                 continue
             req_id = req_ids[i]
-            k = self.k_max if k_map is None else min(k_map.get(req_id, self.k_max), self.k_max)
+            k = self.k_max if plan is None else min(plan.k_of(req_id, self.k_max), self.k_max)
             if k > 0:
                 rows.append(i)
                 asks.append((req_id, token_ids_cpu[i, :int(num_tokens_no_spec[i])], k))
         for i, (req_id, _, _), (draft, source) in zip(rows, asks, self.draft_many(asks),
                                                       strict=True):
             drafts[i] = draft.tokens
-            if confidence is not None and draft.tokens:
-                confidence[req_id] = draft.confidence
-            if sources is not None:
+            if report is not None:
+                if draft.tokens:
+                    report.confidence[req_id] = draft.confidence
                 # (also for an empty draft: the proposer was asked and found nothing)
-                sources[req_id] = source
+                report.source[req_id] = source
         self._forget_finished(req_ids)
         return drafts
 
@@ -167,7 +157,7 @@ class SuffixProposer(_AdaptiveProposer):
 class HybridProposer(_AdaptiveProposer):
     """The n-gram and suffix proposers in one server, and a draft model when ADAPTSPEC_DRAFT_MODEL
     names one; per request and step the controller says which drafts (the scheduler's
-    ``adaptspec_proposer`` map, indexes into ``names``). The others keep their copy of the
+    plan's proposer, an index into ``names``). The others keep their copy of the
     request's tokens (``observe``: the model-free ones append, the draft model does nothing and
     catches up when next asked), so the suffix proposer's corpus gets every output. The draft
     model's time, passes and catch-up tokens ride back with the drafts (DRAFT_COST_ATTR)."""
@@ -195,11 +185,11 @@ class HybridProposer(_AdaptiveProposer):
     def draft_many(self, asks: list[tuple[str, Any, int]]) -> list[tuple[core.Draft, int]]:
         """The model-free proposers draft request by request; the draft model drafts all of
         its requests together (DraftModelProposer.propose_batch)."""
-        chosen = getattr(_step, "proposer_map", None) or {}
+        plan: StepPlan | None = getattr(_step, "plan", None)
         out: list[tuple[core.Draft, int]] = [(core.Draft(), 0)] * len(asks)
         model_rows = []
         for i, (req_id, token_ids, k) in enumerate(asks):
-            p = min(max(int(chosen.get(req_id, 0)), 0), len(self.cores) - 1)
+            p = min(max(plan.proposer_of(req_id) if plan else 0, 0), len(self.cores) - 1)
             for q, c in enumerate(self.cores):
                 if q != p:
                     c.observe(req_id, token_ids)
@@ -214,8 +204,10 @@ class HybridProposer(_AdaptiveProposer):
             for i, d in zip(model_rows, drafts, strict=True):
                 out[i] = (d, p)
             # (time, draft tokens: what the controller prices, catch-up tokens, forward passes)
-            _step.draft_cost = ((time.perf_counter() - t0) * 1e3, c.draft_tokens - before[1],
-                                c.catchup_tokens - before[2], c.passes - before[0])
+            report: DraftReport | None = getattr(_step, "report", None)
+            if report is not None:
+                report.draft_cost = ((time.perf_counter() - t0) * 1e3, c.draft_tokens - before[1],
+                                     c.catchup_tokens - before[2], c.passes - before[0])
         return out
 
     def _forget_finished(self, req_ids: list[str]) -> None:

@@ -3,13 +3,16 @@
 One engine step, in the order vLLM's EngineCore calls us (sync scheduling):
 
 1. ``schedule()``: vLLM picks the batch and moves each request's drafts into the step. We
-   attach the current K per request to the SchedulerOutput (``adaptspec_k``) so our proposers
-   on the worker draft exactly that many, and start the step clock.
+   attach the plan in force (adaptspec/plan.py StepPlan: K, proposer and reason per scheduled
+   request) to the SchedulerOutput (``adaptspec_plan``, the one thing the plugin carries to the
+   worker): our proposers draft exactly K tokens per request, vLLM's own draft the plan's
+   longest K (``num_spec_tokens_to_schedule``). Then the step clock starts.
 2. the worker verifies, samples and proposes the next drafts.
 3. ``update_from_output()``: per request, drafted = drafts scheduled, accepted = tokens sampled
    minus one (the same arithmetic as vLLM's SpecDecodingStats). With the step time these go to
-   the controller, which returns each request's K for the next step.
-4. ``update_draft_token_ids()``: the new drafts arrive and are cut to K (K = 0: plain decoding).
+   the controller, whose ``plan`` is each request's K for the next step.
+4. ``update_draft_token_ids()``: the new drafts arrive and are cut to the plan's K (K = 0: plain
+   decoding), then, where the proposer says how sure it is, perhaps shorter (Controller.cut).
    This works for every proposer method: ngram, draft_model, eagle, suffix, custom_class.
 
 Cutting drafts only ever shortens what is verified, and verification keeps the output
@@ -18,6 +21,7 @@ distribution the target's, so the tokens a request gets do not depend on anythin
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -27,6 +31,7 @@ from adaptspec_vllm.version import check_version
 
 from adaptspec.classify import RequestInfo
 from adaptspec.metrics import Metrics
+from adaptspec.plan import DRAFT_REPORT_ATTR, DraftReport
 from adaptspec.policy import PolicyError, load_policy
 from adaptspec.runtime import AdaptiveRuntime
 from vllm.logger import init_logger
@@ -120,18 +125,19 @@ class AdaptiveScheduler(Scheduler):
         out = super().schedule(*args, **kwargs)
         rt = self.runtime
         if rt is not None:
-            # Read by the proposer wrapper on the worker (same process, or pickled with it).
-            # Every scheduled request has its K, a new one too (see k_to_propose).
-            out.adaptspec_k = {r: rt.k_to_propose(r) for r in out.num_scheduled_tokens}
-            if len(rt.proposers) > 1:
-                out.adaptspec_proposer = rt.proposer_map()
+            # Every scheduled request's K, a new one's too (its prefill step drafts), from the
+            # one owner of K; read by the proposer wrapper on the worker (same process, or
+            # pickled with the SchedulerOutput).
+            plan = rt.plan_for(list(out.num_scheduled_tokens))
+            out.adaptspec_plan = plan
             # vLLM's own proposers (ngram, draft_model, eagle) draft num_spec_tokens_to_schedule
-            # tokens for the whole batch (the field vLLM's batch-size schedule sets): no more
-            # than the longest K of a scheduled request, so a batch the controller keeps plain
-            # pays for no draft passes (a draft model still runs its first pass, which keeps
-            # its KV cache in step; vLLM's Dynamic SD relies on the same).
-            out.num_spec_tokens_to_schedule = draft_budget(
-                rt.k_for, out.num_scheduled_tokens, out.num_spec_tokens_to_schedule)
+            # tokens for the whole batch (the field vLLM's batch-size schedule sets): the plan's
+            # longest K, so a batch the controller keeps plain pays for no draft passes (a draft
+            # model still runs its first pass, which keeps its KV cache in step; vLLM's Dynamic
+            # SD relies on the same), never more than vLLM was configured for.
+            out.num_spec_tokens_to_schedule = min(plan.depth(), out.num_spec_tokens_to_schedule)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("adaptspec plan: %s", plan.describe(rt.proposers))
             self._step_start = time.perf_counter()
         return out
 
@@ -166,23 +172,24 @@ class AdaptiveScheduler(Scheduler):
         rt = self.runtime
         if rt is None:
             return
-        confidence = getattr(draft_token_ids, "adaptspec_confidence", None) or {}
+        report = getattr(draft_token_ids, DRAFT_REPORT_ATTR, None) or DraftReport()
+        confidence = report.confidence
         # What the next step verifies was drafted by these (a hybrid; else the one proposer).
-        sources = getattr(draft_token_ids, "adaptspec_source", None) or {}
+        sources = report.source
         self._source.update(sources)
         # A proposer that was asked and found nothing failed as surely as a rejected draft:
         # the hybrid learns that too when it chooses who drafts.
         self._missed = {r for r in sources
                         if (req := self.requests.get(r)) is not None and not req.spec_token_ids}
-        cost = getattr(draft_token_ids, "adaptspec_draft_cost", None)
-        if cost:
-            rt.record_draft_cost(*cost)
+        if report.draft_cost:
+            rt.record_draft_cost(*report.draft_cost)
         scored: list[Any] = []
+        plan = rt.plan_for(draft_token_ids.req_ids)
         for req_id in draft_token_ids.req_ids:
             request = self.requests.get(req_id)
             if request is None or not request.spec_token_ids:
                 continue
-            k = rt.k_for(req_id)
+            k = plan.k_of(req_id)
             if len(request.spec_token_ids) > k:
                 request.spec_token_ids = request.spec_token_ids[:k]
             if k and req_id in confidence:
@@ -203,12 +210,6 @@ class AdaptiveScheduler(Scheduler):
             # What it held at the end (tests/reliability checks these stay within the caps).
             log.info("adaptspec: state at shutdown %s", self.runtime.state_sizes())
         super().shutdown()
-
-
-def draft_budget(k_for: Any, req_ids: Any, configured: int) -> int:
-    """Draft tokens vLLM's proposer makes per request this step: the longest K of the
-    scheduled requests, never more than vLLM would have drafted."""
-    return min(max(map(k_for, req_ids), default=0), configured)
 
 
 def _feedback(scheduler_output: Any, model_runner_output: Any, live: Any = None

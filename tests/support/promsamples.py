@@ -9,5 +9,9 @@ from prometheus_client import CollectorRegistry
 
 def value(reg: CollectorRegistry, name: str, labels: dict[str, str] | None = None,
           engine: str = "0") -> float | None:
-    """The sample's value, None when the series does not exist."""
-    return reg.get_sample_value(name, {"engine": engine, **(labels or {})})
+    """The sum of the samples `name` whose labels include these (a series' other labels, such
+    as adaptspec_steps' reason, summed over); None when no series matches."""
+    want = {"engine": engine, **(labels or {})}
+    found = [s.value for m in reg.collect() for s in m.samples
+             if s.name == name and all(s.labels.get(k) == v for k, v in want.items())]
+    return sum(found) if found else None

@@ -124,17 +124,20 @@ def _patch_runtime(runtime_module: Any) -> None:
             return decided
         draft, plain, k = f
         counts = self.__dict__.setdefault("_testhook_steps", {})
+        ctl = self.controller
         for r in req_ids:
             n = counts[r] = counts.get(r, 0) + 1
             decided[r] = k if n % (draft + plain) < draft else 0
-            self._p[r] = self.proposers.index("draft")
-        self._k.update(decided)
+            slot = ctl.slot(r)
+            if slot is not None:  # the plan is the controller's: forced there
+                ctl.req_k[slot] = decided[r]
+                ctl.req_proposer[slot] = self.proposers.index("draft")
         return decided
 
     def forced_admit(self: Any, req_id: str, info: Any) -> str:
         cls = admit(self, req_id, info)
         if forcing() is not None and "draft" in self.proposers:
-            self._p[req_id] = self.proposers.index("draft")
+            self.controller._new[req_id] = (cls, self.proposers.index("draft"))
         return cls
 
     def forced_cut(self: Any, req_ids: Any, lengths: Any, confidence: Any) -> list[int]:
@@ -172,11 +175,12 @@ def _patch(controller_module: Any) -> None:
     from adaptspec.metrics import Metrics
 
     Controller = controller_module.Controller
-    if getattr(Controller.step_by_id, "_testhook", False):
+    if getattr(Controller._step, "_testhook", False):
         return
-    step_by_id, record_step = Controller.step_by_id, Metrics.record_step
+    # The decision inside Controller.plan: a fault there is what the plan's fallback absorbs.
+    inner, record_step = Controller._step, Metrics.record_step
 
-    def faulty_step_by_id(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def faulty_step(self: Any, *args: Any, **kwargs: Any) -> Any:
         f = faults()
         if f.get("delay_ms"):
             time.sleep(f["delay_ms"] / 1e3)
@@ -184,7 +188,7 @@ def _patch(controller_module: Any) -> None:
         if every and (self.steps + 1) % every == 0:
             self.steps += 1
             raise RuntimeError(f"{FAULT_ENV}: injected controller fault")
-        return step_by_id(self, *args, **kwargs)
+        return inner(self, *args, **kwargs)
 
     def faulty_record_step(self: Any, *args: Any, **kwargs: Any) -> Any:
         every = int(faults().get("metrics_raise_every", 0))
@@ -193,8 +197,8 @@ def _patch(controller_module: Any) -> None:
             raise RuntimeError(f"{FAULT_ENV}: injected metrics fault")
         return record_step(self, *args, **kwargs)
 
-    faulty_step_by_id._testhook = True  # type: ignore[attr-defined]
-    Controller.step_by_id = faulty_step_by_id  # type: ignore[method-assign]
+    faulty_step._testhook = True  # type: ignore[attr-defined]
+    Controller._step = faulty_step  # type: ignore[method-assign]
     Metrics.record_step = faulty_record_step  # type: ignore[method-assign]
 
 
