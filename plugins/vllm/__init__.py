@@ -16,16 +16,15 @@ Only this package imports vllm; ``adaptspec`` (the core) never does.
 
 from __future__ import annotations
 
+import importlib
 import os
 
 from adaptspec_vllm.version import SUPPORTED, UnsupportedVLLMVersion, check_version
 
+from adaptspec.serve import POLICY_ENV, SCHEDULER_CLS
 from vllm.logger import init_logger
 
 log = init_logger("vllm.adaptspec")
-
-SCHEDULER_CLS = "adaptspec_vllm.scheduler.AdaptiveScheduler"
-POLICY_ENV = "ADAPTSPEC_POLICY"
 
 __all__ = ["SCHEDULER_CLS", "SUPPORTED", "UnsupportedVLLMVersion", "check_version", "register"]
 
@@ -62,9 +61,10 @@ def _default_scheduler_to_adaptive() -> None:
 
     def get_scheduler_cls(self):  # type: ignore[no-untyped-def]
         if self.scheduler_cls is None and not self.async_scheduling:
-            from adaptspec_vllm.scheduler import AdaptiveScheduler
-
-            return AdaptiveScheduler
+            # by its class path, as vLLM loads a --scheduler-cls (the scheduler module imports
+            # this package: no import of it here)
+            module, _, name = SCHEDULER_CLS.rpartition(".")
+            return getattr(importlib.import_module(module), name)
         return original(self)
 
     get_scheduler_cls._adaptspec = True  # type: ignore[attr-defined]

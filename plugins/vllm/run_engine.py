@@ -36,6 +36,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from adaptspec.serve import SCHEDULER_CLS
+
 _BATCH_KEYS = ("prompts", "max_tokens", "temperature", "temperatures", "seed", "class", "classes")
 
 
@@ -104,7 +106,7 @@ def run_one(eng: dict[str, Any]) -> dict[str, Any]:
     if eng.get("spec"):
         kw["speculative_config"] = eng["spec"]
     if eng.get("adaptive"):
-        kw["scheduler_cls"] = "adaptspec_vllm.scheduler.AdaptiveScheduler"
+        kw["scheduler_cls"] = SCHEDULER_CLS
     batches = eng.get("batches") or {"main": {k: eng[k] for k in _BATCH_KEYS if k in eng}}
     llm = LLM(**kw)
     try:

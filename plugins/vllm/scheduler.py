@@ -26,7 +26,7 @@ import os
 import time
 from typing import Any
 
-from adaptspec_vllm import POLICY_ENV, runner_choice, touchpoints
+from adaptspec_vllm import runner_choice, touchpoints
 from adaptspec_vllm.version import check_version
 
 from adaptspec.classify import RequestInfo
@@ -34,6 +34,7 @@ from adaptspec.metrics import Metrics
 from adaptspec.plan import DRAFT_REPORT_ATTR, DraftReport
 from adaptspec.policy import PolicyError, load_policy
 from adaptspec.runtime import AdaptiveRuntime
+from adaptspec.serve import POLICY_ENV
 from vllm.logger import init_logger
 from vllm.v1.core.sched.scheduler import Scheduler
 

@@ -5,10 +5,8 @@ The quick version of every test runs by default; the long one needs ADAPTSPEC_LO
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -18,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from adaptspec.serve import wait_until_up
 
 HERE = Path(__file__).resolve().parent
 LONG = os.environ.get("ADAPTSPEC_LONG", "") not in ("", "0")
@@ -39,32 +39,6 @@ LONG_EXTRA_PROMPTS = 500
 LONG_LOAD_FAULT = "raise_every=3"
 LONG_CLASS_LABELS = 10_000
 
-# Free-token cost model (as in tests/test_vllm_plugin.py) so that speculation really happens on
-# the tiny model: the learned step-time curve would otherwise (rightly) turn it off.
-TEST_POLICY = """
-version: 1
-default_class: code
-k_max: 4
-exploration: 0.0
-hysteresis_steps: 1
-cost_model: {base_ms: 10, per_request_ms: 0.1, per_draft_token_ms: 0.0, spec_overhead_ms: 0.0,
-             knee_tokens: 100000, over_knee_ms: 0.0, learn: false}
-classes:
-  code: {prior_acceptance: 0.6, prior_strength: 2}
-  noisy: {prior_acceptance: 0.6, prior_strength: 2}
-  interactive: {latency_critical: true}
-# The payoff guard would (rightly) hold speculation on the tiny model too.
-payoff: {enabled: false}
-"""
-
-OURS_NGRAM = "adaptspec_vllm.proposer.NgramProposer"
-OURS_HYBRID = "adaptspec_vllm.proposer.HybridProposer"
-
-
-def policy_text(**extra: Any) -> str:
-    """TEST_POLICY plus top-level keys (values written as JSON, which YAML reads)."""
-    return TEST_POLICY + "".join(f"{k}: {json.dumps(v)}\n" for k, v in extra.items())
-
 
 # ------------------------------------------------------------------------------ engines
 
@@ -80,12 +54,6 @@ def class_labels(metrics: dict[str, dict]) -> set[str]:
 
 
 # ------------------------------------------------------------------------------ server
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tree_rss(pid: int) -> int:
@@ -123,19 +91,9 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, timeout: float = 300) -> float:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited ({self.proc.returncode})\n"
-                                     f"{self.log()[-4000:]}")
-            try:
-                urllib.request.urlopen(self.base + "/health", timeout=2).read()
-                return time.monotonic() - self.t0
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"server not ready in {timeout} s\n"
-                                         f"{self.log()[-4000:]}") from None
-                time.sleep(0.5)
+        """Seconds from the start until the server answered /health."""
+        wait_until_up(self.base + "/health", self.proc, self.log_path, timeout)
+        return time.monotonic() - self.t0
 
     def metrics(self) -> dict[str, dict]:
         from adaptspec.tools.promtext import parse_metrics

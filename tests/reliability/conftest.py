@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from _fuzz import TRIED
 from _rel import (
     CLIENTS,
     FAULT_SPEC,
@@ -26,14 +26,12 @@ from _rel import (
     LONG_EXTRA_PROMPTS,
     LONG_LOAD_FAULT,
     N_SAMPLES,
-    OURS_HYBRID,
-    OURS_NGRAM,
-    TEST_POLICY,
     Server,
-    free_port,
-    policy_text,
 )
 from stdlib_prompts import code_prompts
+from tiny_serving import policy_text, serve_command
+
+from adaptspec.serve import PROPOSERS, free_port
 
 TRUNCATED_SNAPSHOT = '{"format": "adaptspec-state", "version": 1, "classes": {"code": {"su'
 
@@ -56,6 +54,16 @@ def _start_engines_early(request: pytest.FixtureRequest) -> None:
         return  # the tests that need them skip themselves
     for name in sorted(getattr(request.config, "_adaptspec_rel_uses", ())):
         request.getfixturevalue(name)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fuzz_report() -> Iterator[None]:
+    """The inputs a bad-input module tried (_fuzz.TRIED), printed after it (`-s` shows them)."""
+    TRIED.clear()
+    yield
+    if TRIED:
+        print(f"\nbad input: {sum(TRIED.values())} inputs tried: "
+              + ", ".join(f"{k} {v}" for k, v in sorted(TRIED.items())))
 
 
 @pytest.fixture(scope="session")
@@ -128,9 +136,10 @@ def engines(tiny_models: dict, prompts: dict, rel_dir: Path) -> Iterator[Engines
     # drafts greedily and verifies as if q were one-hot)
     draft_spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3,
                   "draft_sample_method": "probabilistic"}
-    ngram_spec = {"method": "custom_class", "model": OURS_NGRAM, "num_speculative_tokens": 4}
+    ngram_spec = {"method": "custom_class", "model": PROPOSERS["ngram"],
+                  "num_speculative_tokens": 4}
     hybrid_policy = folder / "hybrid.yaml"
-    hybrid_policy.write_text(TEST_POLICY.replace("exploration: 0.0", "exploration: 0.5"))
+    hybrid_policy.write_text(policy_text(exploration=0.5))
     # A snapshot folder nobody can write, root included: a path below a regular file.
     (folder / "not-a-dir").write_text("x")
     batch_plain = max(64, min(256, N_SAMPLES))
@@ -158,7 +167,8 @@ def engines(tiny_models: dict, prompts: dict, rel_dir: Path) -> Iterator[Engines
                     "ADAPTSPEC_TEST_BROKEN_SAMPLER": "accept_all"}),
         # The hybrid with the draft model, exploring, so that its three proposers draft side
         # by side in the same batches.
-        "hybrid": ({"model": target, "spec": {"method": "custom_class", "model": OURS_HYBRID,
+        "hybrid": ({"model": target, "spec": {"method": "custom_class",
+                                              "model": PROPOSERS["hybrid"],
                                               "num_speculative_tokens": 3},
                     "adaptive": True, "max_num_seqs": batch_plain, "max_num_batched_tokens": nbt,
                     "batches": {"samples": samples(6_000_000)}},
@@ -204,12 +214,9 @@ def load_server(tiny_models: dict, rel_dir: Path) -> Iterator[Server]:
     pol = folder / "load.yaml"
     pol.write_text(policy_text(**LOAD_POLICY_EXTRA, state_file=str(state)))
     port = free_port()
-    cmd = [sys.executable, "-m", "adaptspec.cli", "serve", tiny_models["target"],
-           "--policy", str(pol), "--port", str(port), "--dtype", "float32",
-           "--max-model-len", "512", "--max-num-seqs", str(CLIENTS), "--enforce-eager",
-           "--served-model-name", "tiny",
-           # SIGTERM drains in-flight requests for up to 60 s instead of aborting them
-           "--shutdown-timeout", "60"]
+    # SIGTERM drains in-flight requests for up to 60 s instead of aborting them
+    cmd = serve_command(tiny_models["target"], str(pol), port, "--shutdown-timeout", "60",
+                        max_num_seqs=CLIENTS)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.pop("ADAPTSPEC_FAULT", None)
     if LONG:

