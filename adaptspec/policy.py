@@ -191,7 +191,7 @@ class Payoff(_Strict):
 
     enabled: bool = Field(
         False, description="opt-in until measured on real engines: on the full benchmark's c=1 "
-        "cell it cost adaptspec over a draft model its gain (README, Never slower)")
+        "cell it cost adaptspec over a draft model its gain (docs/payoff-guard.md)")
     budget: float = Field(
         0.01, ge=0.0, le=0.5,
         description="share of engine time speculation may lose against plain decoding")
@@ -346,7 +346,7 @@ def _format_validation_error(source: str, err: ValidationError) -> str:
         path = ".".join(str(p) for p in e["loc"]) or "<top level>"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; allowed fields are listed in the README)"
+            msg = "unknown field (check the spelling; docs/policies.md lists the fields)"
         value = e.get("input")
         # reprlib bounds the work: a plain repr of a YAML alias bomb is exponential.
         shown = _SHORT_REPR.repr(value)

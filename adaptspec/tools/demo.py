@@ -47,7 +47,7 @@ CHAT_PROMPTS = [
 ]
 INTERACTIVE_PROMPTS = ["Say hello in three languages.", "Name three prime numbers."]
 LC_CLASS = "interactive"
-# Two plain servers on 2 shared cores differed by up to 6% between repeats (README, "Where
+# Two plain servers on 2 shared cores differed by up to 6% between repeats (docs/nopay.md, "Where
 # speculation does not pay"): a ratio inside this band is "about even".
 NOISE = 0.03
 
@@ -300,7 +300,7 @@ adaptspec keeps serving on {server.base} (Ctrl-C stops it). Try:
     '{{"model": "bench", "prompt": "def fib(n):", "max_tokens": 32,
       "vllm_xargs": {{"adaptspec_class": "code"}}}}'
   curl -s {server.base}/metrics | grep ^adaptspec_
-Dashboards: README, "Metrics" (examples/prometheus.yml scrapes this port, the Grafana JSON is
+Dashboards: docs/metrics.md (examples/prometheus.yml scrapes this port, the Grafana JSON is
 in examples/grafana).""")
     try:
         server.proc.wait()

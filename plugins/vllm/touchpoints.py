@@ -8,7 +8,7 @@ every process (adaptspec_vllm.register), `scheduler` in the engine core (Adaptiv
 `runner` in the worker (the first custom_class proposer), `sampler` on the CPU platform
 (cpu_fixes). ADAPTSPEC_ALLOW_ANY_VLLM=1 skips the version check (version.py), never this probe.
 
-The README's "vLLM touch points" table says what each is used for, where, and why no public
+docs/vllm-touchpoints.md's table says what each is used for, where, and why no public
 hook serves; the public ones are `--scheduler-cls`, `--speculative-config` with method
 `custom_class` (vLLM builds the proposer from a class path) and the `vllm.general_plugins`
 entry point.
