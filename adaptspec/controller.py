@@ -174,7 +174,8 @@ class Controller(Learner):
             return True
         try:
             # Gating, a step speculated if it verified drafts or its proposer ran with K > 0
-            # (the plan of last step): either costs time whatever was accepted. Not gating, the
+            # (the plan of last step; a new request's first drafts are not counted, as before
+            # the plan): either costs time whatever was accepted. Not gating, the
             # guard forces no plain steps to measure, so steps that only proposed are its
             # plain samples (a model-free proposer's run costs well under 1% of a step).
             ran = self.req_k[slots] * (self.req_reason[slots] != why.CODE[why.NEW_REQUEST])
