@@ -14,6 +14,9 @@ import numpy as np
 
 from adaptspec import fastpath
 
+# A prior acceptance is kept this far from 0 and 1 (it is a guess, never a certainty).
+PRIOR_MIN = 1e-3
+
 
 class AcceptanceEstimator:
     """Beta posteriors per (class, position) whose evidence decays each step.
@@ -22,10 +25,17 @@ class AcceptanceEstimator:
     controller turned its speculation off), which is what makes a switched-off class get
     re-tested once the prior says speculating could pay.
 
+    A position's prior is the class's (`set_prior`: one value per position), moved in log-odds
+    by as much as the position before it has moved from its own prior: a position the
+    controller has not drafted lately (past the K it chose) expects what was last learned
+    before it, not the policy's guess. So a class found better than its prior is drafted
+    further, and the longer drafts are measured (with only the class prior there, a draft K
+    long measures K positions, and the next one is never worth drafting: drafts stay short).
+    The prior's shape (a first position below the later ones, as an n-gram's) is kept.
+
     Attributes succ, fail, prior_a, prior_b ([n_classes, k_max]) are views of one array `ev`
-    (succ | fail | prior_a | prior_b per class), so that one matrix product turns all of them
-    into the posterior tables; write into them, never rebind them. `active`: leading class
-    rows in use (a controller registers classes in order); the rest are skipped.
+    (succ | fail | prior_a | prior_b per class); write into them, never rebind them. `active`:
+    leading class rows in use (a controller registers classes in order); the rest are skipped.
     """
 
     def __init__(self, n_classes: int, k_max: int, forgetting: float = 0.98) -> None:
@@ -36,33 +46,37 @@ class AcceptanceEstimator:
         self.ev[:, 2 * kk:] = 1.0  # prior_a = prior_b = 1
         self.succ, self.fail, self.prior_a, self.prior_b = (
             self.ev[:, i * kk: (i + 1) * kk] for i in range(4))
-        # Posterior tables as one linear map of a class's row (succ | fail | prior_a | prior_b):
-        # A = prior_a + succ and T = A + prior_b + fail per position, then sum(A) and sum(T).
-        m = np.zeros((2 * kk + 2, 4 * kk))
-        eye = np.eye(kk)
-        m[:kk, :kk] = m[:kk, 2 * kk: 3 * kk] = eye
-        m[kk: 2 * kk] = np.tile(eye, 4)
-        m[2 * kk, :kk] = m[2 * kk, 2 * kk: 3 * kk] = 1.0
-        m[2 * kk + 1] = 1.0
-        self._tables_map = m
 
     def set_prior(self, cls: int, acceptance: np.ndarray | list[float], strength: float) -> None:
-        p = np.clip(np.asarray(acceptance, dtype=float)[: self.k_max], 1e-3, 1 - 1e-3)
+        p = np.clip(np.asarray(acceptance, dtype=float)[: self.k_max], PRIOR_MIN, 1 - PRIOR_MIN)
         self.prior_a[cls] = strength * p
         self.prior_b[cls] = strength * (1.0 - p)
         self.succ[cls] = 0.0
         self.fail[cls] = 0.0
 
     def mean(self) -> np.ndarray:
-        """Posterior mean acceptance, [n_classes, k_max]."""
-        a = self.prior_a + self.succ
-        return a / (a + self.prior_b + self.fail)
+        """Posterior mean acceptance, [n_classes, k_max] (the active classes' rows)."""
+        post, kk = self.posterior_sums(), self.k_max
+        return (post[:kk] / post[kk:]).T
 
     def posterior_sums(self) -> np.ndarray:
-        """Posterior sums of the active classes, position-major: rows [0, k_max) a = prior_a +
-        succ per position, [k_max, 2 k_max) a + b, then the two summed over positions (pooled
-        acceptance = row 2 k_max / row 2 k_max + 1). The decision's input."""
-        return np.dot(self._tables_map, self.ev[: self.active].T)
+        """The active classes' posteriors, position-major [2 k_max, classes]: rows [0, k_max)
+        a (the prior's share plus successes) per position, [k_max, 2 k_max) a + b (prior
+        strength plus verifications); mean = a / (a + b). The decision's input."""
+        kk, ev = self.k_max, self.ev[: self.active]
+        succ, fail = ev[:, :kk], ev[:, kk: 2 * kk]
+        pa, pb = ev[:, 2 * kk: 3 * kk], ev[:, 3 * kk:]
+        strength, prior_logit = pa + pb, np.log(pa / pb)
+        out = np.empty((2 * kk, ev.shape[0]))
+        shift = np.zeros(ev.shape[0])  # how far the position before moved from its prior
+        for j in range(kk):
+            # (within set_prior's bounds, so that a + b > a however far the shift went)
+            prior = strength[:, j] * np.clip(1.0 / (1.0 + np.exp(-(prior_logit[:, j] + shift))),
+                                             PRIOR_MIN, 1.0 - PRIOR_MIN)
+            a, t = prior + succ[:, j], strength[:, j] + succ[:, j] + fail[:, j]
+            out[j], out[kk + j] = a, t
+            shift = np.log(a / (t - a)) - prior_logit[:, j]
+        return out
 
     def observations(self) -> np.ndarray:
         """Decayed count of verified positions per class (evidence beyond the prior)."""
@@ -70,11 +84,15 @@ class AcceptanceEstimator:
 
 
 class RequestAcceptance:
-    """A request's own decayed acceptance record, shrunk toward its class.
+    """A request's own decayed record of how often its drafts started right, shrunk toward
+    its class.
 
-    A request's estimate is (s + n0 * m_class) / (n + n0): with few observations it is its
-    class's level, and its own rate takes over as evidence accumulates (n0 = shrinkage).
-    `sn` [2, capacity]: s and n per slot.
+    s counts its verifications that accepted at least one draft token, n those that verified
+    any. Its first-position estimate is (s + n0 * m_class) / (n + n0), m_class its class's
+    first-position acceptance: with few observations it is its class's, and its own rate takes
+    over as evidence accumulates (n0 = shrinkage). The later positions keep the class's
+    acceptance given the earlier (step_reference.decide says why). `sn` [2, capacity]: s and n
+    per slot.
     """
 
     def __init__(self, capacity: int, forgetting: float = 0.9, shrinkage: float = 6.0) -> None:

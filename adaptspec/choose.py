@@ -7,11 +7,11 @@ longest K would have the most tokens accepted in expectation,
 
     score(p) = sum_{j < k_max} prod_{l <= j} alpha_p,l,
 
-alpha being the class's posterior mean for p times the request's own factor (as in
-step_reference.decide). Model-free proposers cost the same per draft token (the verify pass
-prices the token, not who proposed it), so at any K the proposer with the higher acceptance
-curve gives more tokens for the same step time, and the K decision that follows prices the
-step for the chosen one. A proposer that runs a model (the hybrid's draft model) also costs a
+alpha being the class's posterior mean for p, the first position's times the request's own
+factor (as in step_reference.decide). Model-free proposers cost the same per draft token (the
+verify pass prices the token, not who proposed it), so at any K the proposer with the higher
+acceptance curve gives more tokens for the same step time, and the K decision that follows
+prices the step for the chosen one. A proposer that runs a model (the hybrid's draft model) also costs a
 forward pass per draft token, which the verify-step model does not see: its increments count
 only by how much they exceed that pass's cost in tokens (the tokens the batch would have made
 in that time), and the controller then drafts it only as far as an increment still pays for
@@ -40,7 +40,7 @@ def choose_proposers(post: np.ndarray, n_cls: int, n_prop: int, cls: np.ndarray,
                      ) -> np.ndarray:
     """Index of the proposer to draft for each request.
 
-    post [2 kk + 2, rows]: AcceptanceEstimator.posterior_sums over rows p * n_cls + c (rows of
+    post [2 kk, rows]: AcceptanceEstimator.posterior_sums over rows p * n_cls + c (rows of
     the last proposer may stop at the classes registered so far). cls [n]: class per request;
     k_max [n]: the longest K its class allows (0: it never drafts, gets proposer 0). sn [2, n,
     n_prop]: each request's record (s, n) per proposer. explore [n] bool: whose scores are drawn;
@@ -53,17 +53,19 @@ def choose_proposers(post: np.ndarray, n_cls: int, n_prop: int, cls: np.ndarray,
     lately gets its turn, which a Thompson draw against well-measured rivals may deny it for
     long.
     """
-    kk = post.shape[0] // 2 - 1
+    kk = post.shape[0] // 2
     n = cls.shape[0]
     if n_prop == 1 or n == 0:
         return np.zeros(n, dtype=np.int64)
     rows = np.arange(n_prop)[None, :] * n_cls + cls[:, None]  # [n, P]
     a, t = post[:kk, rows], post[kk: 2 * kk, rows]  # [kk, n, P]
     mean = a / t
-    level = np.maximum(post[2 * kk, rows] / post[2 * kk + 1, rows], 1e-3)  # [n, P]
-    # The request's own record shrunk toward its class's level, as a factor on the class.
+    level = np.maximum(post[0, rows] / post[kk, rows], 1e-3)  # [n, P]
+    # The request's own record shrunk toward its class's level, as a factor on the class's
+    # first position (step_reference.decide).
     f = (sn[0] / level + n0) / (sn[1] + n0)
-    alpha = mean * f[None]
+    alpha = mean.copy()
+    alpha[0] *= f
     drawn = np.flatnonzero(explore)
     if drawn.size:
         m = mean[:, drawn]

@@ -60,7 +60,8 @@ def feedback(ev: np.ndarray, n_classes: int, kk: int, decay: float, cls: np.ndar
     decays by `decay` over its first n_classes rows, then position j succeeds for every
     verification that accepted more than j drafts and fails at a for one that accepted a < d
     (d, a clipped to 0..kk). A request's record (s, n) in records [2, slots] decays by
-    req_decay if it drafted, then s += a and n += a + (a < d).
+    req_decay if it drafted, then s += (a > 0) and n += (d > 0): how often its drafts started
+    right (step_reference.decide says why).
 
     Returns (the batch's records [2, n] after the update, drafted tokens in all, the longest
     draft, at least 0) - the last two for the step-time model."""
@@ -86,8 +87,8 @@ def feedback(ev: np.ndarray, n_classes: int, kk: int, decay: float, cls: np.ndar
         if d > 0:
             s_i *= req_decay
             n_i *= req_decay
-        sn[0, i] = s_i + a
-        sn[1, i] = n_i + (a + (1 if a < d else 0))
+        sn[0, i] = s_i + (1.0 if a > 0 else 0.0)
+        sn[1, i] = n_i + (1.0 if d > 0 else 0.0)
     for c in range(n_classes):
         for j in range(2 * kk):
             ev[c, j] += credit[c, j]
@@ -107,7 +108,7 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
     arguments); updates the hysteresis state prev_k and votes (per slot) when hyst_steps > 1.
 
     Returns (ks, kinds, the increments [kk, n], the threshold bin, the plan's predicted ms)."""
-    kk = post.shape[0] // 2 - 1
+    kk = post.shape[0] // 2
     n = cls.shape[0]
     n_cls = post.shape[1]
     # The class table: posterior mean per position (0 where a class may not draft), its
@@ -122,7 +123,7 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
             m = post[j, c] / post[kk + j, c] * may
             mean[j, c] = m
             sd[j, c] = np.sqrt((1.0 - m) * m / (post[kk + j, c] + 1.0))
-        u[c] = may / max(post[2 * kk, c] / post[2 * kk + 1, c], 1e-3)
+        u[c] = may / max(post[0, c] / post[kk, c], 1e-3)
         v[c] = n0 * may
     # Per request: its factor, the forced drafts and the longest draft; the batch's limits.
     f = np.empty(n)
@@ -145,7 +146,7 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
     inc = np.empty((kk, n))
     for j in range(kk):
         for i in range(n):
-            alpha = min(mean[j, cls[i]] * f[i], ALPHA_CAP)
+            alpha = min(mean[j, cls[i]] * (f[i] if j == 0 else 1.0), ALPHA_CAP)
             inc[j, i] = inc[j - 1, i] * alpha if j > 0 else alpha
     if explore.shape[0] > 0:
         r = 0
@@ -245,7 +246,7 @@ def warm_up() -> None:
     i64, f64 = np.zeros(1, dtype=np.int64), np.zeros(1)
     ev, records = np.ones((1, 4)), np.zeros((2, 1))
     sn, _, _ = feedback(ev, 1, 1, 1.0, i64, records, i64, i64, i64, 0.9)
-    decide(np.ones((4, 1)), i64, i64 + 1, i64 + 1, f64 + np.inf, 1.0, sn, i64,
+    decide(np.ones((2, 1)), i64, i64 + 1, i64 + 1, f64 + np.inf, 1.0, sn, i64,
            np.zeros(1, dtype=bool), np.zeros((0, 1)), np.zeros(N_FEATURES), 1.0, 0.0, 2,
            i64.copy(), i64.copy(), i64)
     _warm = True

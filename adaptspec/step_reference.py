@@ -35,7 +35,7 @@ def feedback(ev: np.ndarray, kk: int, decay: float, cls: np.ndarray, records: np
     ev[:, : 2 * kk] += credit
     sn = records[:, slots]
     sn[:, d > 0] *= req_decay
-    sn += [a, a + (a < d)]
+    sn += [(a > 0) * 1.0, (d > 0) * 1.0]
     records[:, slots] = sn
     return sn, int(drafted.sum()), max(int(drafted.max(initial=0)), 0)
 
@@ -47,7 +47,7 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
            slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, float]:
     """K per request for the next step.
 
-    post [2 kk + 2, classes]: AcceptanceEstimator.posterior_sums. Per class: cls_k_min (drafts
+    post [2 kk, classes]: AcceptanceEstimator.posterior_sums. Per class: cls_k_min (drafts
     forced), cls_k_max (0: may not draft), cls_kind (the decision kind when not drafting: 1
     plain, 2 latency-critical), cls_slo_ms (ITL SLO, inf for none). n0: request_shrinkage.
     Per request: sn [2, n] its record (s, n), cls its class, slots its slot; explore: whose
@@ -58,17 +58,21 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
     Returns (K, the decision kinds (0: speculate), the increments [kk, n], the threshold bin,
     the plan's predicted step time in ms).
     """
-    kk, n = post.shape[0] // 2 - 1, len(cls)
+    kk, n = post.shape[0] // 2, len(cls)
     # Per class: posterior mean acceptance per position and its spread (normal approximation
     # of the Beta), 0 where the class may not draft.
     may = (cls_k_max[: post.shape[1]] > 0) * 1.0
     mean = post[:kk] / post[kk: 2 * kk] * may
     sd = np.sqrt((1.0 - mean) * mean / (post[kk: 2 * kk] + 1.0))
-    level = np.maximum(post[2 * kk] / post[2 * kk + 1], 1e-3)  # pooled over positions
-    # A request's acceptance is its class's times f = own / level, own = (s + n0 level) / (n
-    # + n0): its own record, shrunk toward its class's level.
+    level = np.maximum(post[0] / post[kk], 1e-3)  # the first position's
+    # A request's first position is its class's times f = own / level, own = (s + n0 level) /
+    # (n + n0): how often its own drafts started right, shrunk toward its class's level. The
+    # positions after it keep the class's conditional acceptance: once a draft starts right
+    # the rest follows its class (an n-gram match, once confirmed, tends to run on), so a
+    # request whose drafts often miss drafts less far, not geometrically less (f^j).
     f = (sn[0] * (may / level)[cls] + (n0 * may)[cls]) / (sn[1] + n0)
-    alpha = mean[:, cls] * f
+    alpha = mean[:, cls].copy()
+    alpha[0] *= f
     drawn = explore.nonzero()[0]  # Thompson draws replace these requests' estimates
     alpha[:, drawn] = np.maximum(sd[:, cls[drawn]] * z.T + mean[:, cls[drawn]], 0.0)
     inc = np.multiply.accumulate(np.minimum(alpha, ALPHA_CAP), axis=0)

@@ -319,7 +319,7 @@ def test_per_request_evidence_shrinks_toward_class() -> None:
     for _ in range(20):  # request a's drafts always fail; b's always pass
         ctl.step(slots, np.array([4, 4]), np.array([0, 4]), None)
     kk, post = ctl.k_max, ctl.estimator.posterior_sums()
-    level = post[2 * kk, ctl.req_class[slots]] / post[2 * kk + 1, ctl.req_class[slots]]
+    level = post[0, ctl.req_class[slots]] / post[kk, ctl.req_class[slots]]
     s, n = ctl.requests.sn[:, slots]
     own = (s + 4.0 * level) / (n + 4.0)
     f = own / level  # the factor on the class's acceptance (step_reference.decide)
@@ -352,10 +352,34 @@ def test_estimator_update_matches_per_request_rule_with_bad_feedback() -> None:
     np.testing.assert_allclose(est.succ, succ)
     np.testing.assert_allclose(est.fail, fail)
     sums = est.posterior_sums()
-    np.testing.assert_allclose((sums[:kk] / sums[kk: 2 * kk]).T, est.mean())
-    pooled_a = (est.prior_a + est.succ).sum(axis=1)
-    np.testing.assert_allclose(sums[2 * kk] / sums[2 * kk + 1],
-                               pooled_a / (pooled_a + (est.prior_b + est.fail).sum(axis=1)))
+    np.testing.assert_allclose((sums[:kk] / sums[kk:]).T, est.mean())
+    # Per class, position by position: the prior moved in log-odds as far as the position
+    # before moved from its own prior.
+    for c in range(n_cls):
+        shift = 0.0
+        for j in range(kk):
+            pa, pb = est.prior_a[c, j], est.prior_b[c, j]
+            logit = np.log(pa / pb) + shift
+            a = (pa + pb) * np.clip(1 / (1 + np.exp(-logit)), 1e-3, 1 - 1e-3) + succ[c, j]
+            t = pa + pb + succ[c, j] + fail[c, j]
+            assert np.isclose(sums[j, c], a) and np.isclose(sums[kk + j, c], t)
+            shift = np.log(a / (t - a)) - np.log(pa / pb)
+
+
+def test_an_undrafted_position_expects_what_was_learned_before_it() -> None:
+    kk = 6
+    est = AcceptanceEstimator(2, kk, forgetting=1.0)
+    est.set_prior(0, [0.6] * kk, 8.0)  # a flat prior, found wrong on the first 2 positions
+    est.set_prior(1, [0.3] + [0.9] * (kk - 1), 8.0)  # an n-gram's shape, confirmed
+    for _ in range(200):  # class 0: drafts of 2 start right, the second token 4 times in 5
+        fit(est, [0] * 5 + [1], [2] * 6, [2, 2, 2, 2, 1, 0])  # class 1's start wrong
+    for _ in range(90):
+        fit(est, [1], [2], [2])  # class 1: 30% of its drafts start right, then continue
+    mean = est.mean()
+    assert mean[0, 0] > 0.99 and 0.78 < mean[0, 1] < 0.82  # measured
+    np.testing.assert_allclose(mean[0, 2:], mean[0, 1], rtol=1e-9)  # carried forward
+    # class 1's later positions keep their prior's shape: high after a right start
+    assert 0.25 < mean[1, 0] < 0.35 and mean[1, 1] > 0.95 and (mean[1, 2:] > 0.9).all()
 
 
 def test_request_records_match_per_request_rule() -> None:
@@ -371,8 +395,8 @@ def test_request_records_match_per_request_rule() -> None:
             d = min(max(d, 0), 4)
             a = min(max(a, 0), d)
             if d > 0:  # a request that drafted nothing keeps its record
-                s[slot] = s[slot] * 0.8 + a
-                n[slot] = n[slot] * 0.8 + a + (a < d)
+                s[slot] = s[slot] * 0.8 + (a > 0)
+                n[slot] = n[slot] * 0.8 + 1
         np.testing.assert_allclose(rec, np.stack([s[slots], n[slots]]))
     np.testing.assert_allclose(req.sn, [s, n])
 

@@ -87,7 +87,7 @@ def test_feedback_is_credited_to_the_proposer_that_drafted() -> None:
     assert (ctl.estimator.succ[row1][:3] > before1[:3]).all()
     assert (ctl.estimator.succ[row0] <= before0).all()  # only decayed
     # the request's own record is per proposer too
-    assert ctl.requests.sn[0, slot * 2 + 1] == 3 and ctl.requests.sn[0, slot * 2] == 0
+    assert ctl.requests.sn[0, slot * 2 + 1] == 1 and ctl.requests.sn[0, slot * 2] == 0
 
 
 def test_latency_critical_requests_never_draft_with_any_proposer() -> None:
@@ -100,12 +100,13 @@ def test_latency_critical_requests_never_draft_with_any_proposer() -> None:
 
 def test_choice_scores_the_expected_accepted_tokens() -> None:
     """Per request: argmax over proposers of sum_j prod_{l<=j} alpha_l over the class's K,
-    alpha = class posterior x the request's own factor; checked against a plain loop."""
+    alpha = class posterior, the first position's x the request's own factor; checked against a
+    plain loop."""
     rng = np.random.default_rng(3)
     kk, n_cls, n_prop, n = 4, 3, 2, 40
     a = rng.uniform(0.5, 20, (n_prop * n_cls, kk))
     b = rng.uniform(0.5, 20, (n_prop * n_cls, kk))
-    post = np.vstack([a.T, (a + b).T, a.sum(1), (a + b).sum(1)])
+    post = np.vstack([a.T, (a + b).T])
     cls = rng.integers(0, n_cls, n)
     k_max = rng.integers(0, kk + 1, n)
     sn = np.abs(rng.normal(3, 2, (2, n, n_prop)))
@@ -117,11 +118,11 @@ def test_choice_scores_the_expected_accepted_tokens() -> None:
         scores = []
         for p in range(n_prop):
             r = p * n_cls + cls[i]
-            level = max(post[2 * kk, r] / post[2 * kk + 1, r], 1e-3)
+            level = max(a[r, 0] / (a[r, 0] + b[r, 0]), 1e-3)
             f = (sn[0, i, p] + n0 * level) / (sn[1, i, p] + n0) / level
             prod, total = 1.0, 0.0
             for j in range(k_max[i]):
-                prod *= min(a[r, j] / (a[r, j] + b[r, j]) * f, 0.995)
+                prod *= min(a[r, j] / (a[r, j] + b[r, j]) * (f if j == 0 else 1.0), 0.995)
                 total += prod
             scores.append(total)
         assert got[i] == int(np.argmax(scores)), (i, scores)

@@ -178,9 +178,9 @@ def test_runtime_with_the_guard_is_never_much_slower_than_plain() -> None:
     slow = {"propose_ms": 40.0, "draft_rate": 0.05}
     off = _runtime_run(Engine(10.0, 5.0, 0.3, seed=3), Payoff(enabled=False), **slow)
     on = _runtime_run(Engine(10.0, 5.0, 0.3, seed=3), Payoff(enabled=True), **slow)
-    assert off["speedup"] < 0.95
-    # 1% budget, and 1% for the error of the plain reference under 10% noise per step
-    assert on["speedup"] >= 0.98
+    # 1% budget, and 1% for the error of the plain reference under 10% noise per step: the
+    # guard's bound, which the controller alone does not keep here
+    assert off["speedup"] < 0.98 <= on["speedup"]
     # ...and where drafts are cheap and accepted, the guard leaves the gain in place.
     off = _runtime_run(Engine(5.0, 10.0, 0.9, seed=4), Payoff(enabled=False))
     on = _runtime_run(Engine(5.0, 10.0, 0.9, seed=4), Payoff(enabled=True))

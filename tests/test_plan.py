@@ -1,17 +1,14 @@
 """One owner for K: every reason of Controller.plan reached, the plan carried unchanged to the
-proposers (ours and vLLM's), and decisions unchanged on a replay of recorded steps."""
+proposers (ours and vLLM's)."""
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
-from replay import drive, replay_policy
 
 from adaptspec.classify import RequestInfo
 from adaptspec.controller import Controller
@@ -220,20 +217,3 @@ def test_a_plain_plan_asks_vllms_proposers_for_nothing(monkeypatch: pytest.Monke
     s = sched.AdaptiveScheduler.__new__(sched.AdaptiveScheduler)
     s.runtime = rt
     assert s.schedule().num_spec_tokens_to_schedule == 0
-
-
-# ------------------------------------------------------------------ behaviour unchanged
-
-
-def test_decisions_replay_as_recorded_before_the_plan() -> None:
-    """tests/data/replay_3afa3fc.json: the decisions of the code before Controller.plan (commit
-    3afa3fc) on a seeded synthetic engine (tests/support/replay.py); the same now, K and
-    proposer, request by request, step by step."""
-    ref = json.loads((Path(__file__).parent / "data" / "replay_3afa3fc.json").read_text())
-    pol = replay_policy()
-    ngram = drive(AdaptiveRuntime(pol, k_cap=6, seed=0), pol, steps=300, seed=1)
-    hybrid = drive(AdaptiveRuntime(pol, k_cap=8, seed=0, proposers=("ngram", "suffix")), pol,
-                   steps=300, seed=2, n_proposers=2)
-    assert sum(len(s) for s in ngram) > 5000  # a real run: thousands of decisions
-    assert ngram == ref["steps"]["ngram"]
-    assert hybrid == ref["steps"]["hybrid"]

@@ -105,10 +105,6 @@ def test_quick_targets_where_static_k_is_beatable(creative_gpu: dict[str, Any]) 
     assert q["adaptive_over_none_min"] >= 1.0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "on the gpu preset fitted to vLLM PR #32374 the controller over-drafts at C=16 (mean K 6.2 "
-    "at acceptance 0.20, oracle K 3) and C=64: adaptive / oracle 0.92 on creative (0.88 at "
-    "C=16, 0.76 at C=64); found with the fitted preset, not fixed"))
 def test_quick_adaptive_near_the_oracle_on_gpu(creative_gpu: dict[str, Any]) -> None:
     assert creative_gpu["ratios"]["adaptive_over_oracle"] >= 0.97
 
