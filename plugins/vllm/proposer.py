@@ -144,7 +144,7 @@ class NgramProposer(_AdaptiveProposer):
     """Prompt-lookup drafts from each request's own tokens."""
 
     def make_core(self) -> core.Proposer:
-        return core.NgramProposer(min_n=1, max_n=4)
+        return core.NgramProposer()
 
 
 class SuffixProposer(_AdaptiveProposer):
@@ -170,7 +170,7 @@ class HybridProposer(_AdaptiveProposer):
         return cls.NAMES + ((cls.DRAFT,) if os.environ.get(DRAFT_ENV) else ())
 
     def make_core(self) -> core.Proposer:
-        cores: list[core.Proposer] = [core.NgramProposer(min_n=1, max_n=4), core.SuffixProposer()]
+        cores: list[core.Proposer] = [core.NgramProposer(), core.SuffixProposer()]
         path = os.environ.get(DRAFT_ENV)
         if path:
             from adaptspec.proposers.draft_model import DraftModelProposer
