@@ -11,11 +11,11 @@ alpha being the class's posterior mean for p, the first position's times the req
 factor (as in step_reference.decide). Model-free proposers cost the same per draft token (the
 verify pass prices the token, not who proposed it), so at any K the proposer with the higher
 acceptance curve gives more tokens for the same step time, and the K decision that follows
-prices the step for the chosen one. A proposer that runs a model (the hybrid's draft model) also costs a
-forward pass per draft token, which the verify-step model does not see: its increments count
-only by how much they exceed that pass's cost in tokens (the tokens the batch would have made
-in that time), and the controller then drafts it only as far as an increment still pays for
-its pass. Requests drawn for exploration score each proposer on a Thompson draw
+prices the step for the chosen one. A proposer that runs a model (the hybrid's draft model)
+also costs a forward pass per draft token, which the verify-step model does not see: its
+increments count only by how much they exceed that pass's cost in tokens (the tokens the batch
+would have made in that time), and the controller then drafts it only as far as an increment
+still pays for its pass. Requests drawn for exploration score each proposer on a Thompson draw
 (normal approximation of each Beta), so a proposer the class has not used for a while, whose
 evidence has decayed back to its prior, gets tried again when the prior says it could pay.
 

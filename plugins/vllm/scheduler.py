@@ -15,6 +15,10 @@ One engine step, in the order vLLM's EngineCore calls us (sync scheduling):
    decoding), then, where the proposer says how sure it is, perhaps shorter (Controller.cut).
    This works for every proposer method: ngram, draft_model, eagle, suffix, custom_class.
 
+Speculation on or off, each step also goes to the engine's time account (``account``,
+adaptspec/account.py): at the very start of ``schedule()`` and the very end of
+``update_from_output()``.
+
 Cutting drafts only ever shortens what is verified, and verification keeps the output
 distribution the target's, so the tokens a request gets do not depend on anything here.
 """
@@ -29,6 +33,7 @@ from typing import Any
 from adaptspec_vllm import runner_choice, touchpoints
 from adaptspec_vllm.version import check_version
 
+from adaptspec.account import AccountMetrics, EngineAccount, step_shape
 from adaptspec.classify import RequestInfo
 from adaptspec.metrics import Metrics
 from adaptspec.plan import DRAFT_REPORT_ATTR, DraftReport
@@ -45,7 +50,13 @@ def policy_source() -> str | None:
 
 
 class AdaptiveScheduler(Scheduler):
-    """Scheduler subclass; `runtime` is None when speculation is off (then it is vLLM's own)."""
+    """Scheduler subclass; `runtime` is None when speculation is off (then it is vLLM's own).
+
+    `account` (adaptspec/account.py) partitions the engine's time into categories whether or
+    not speculation is on, so a plain server started with this scheduler accounts its time too.
+    """
+
+    _accounting = False  # (set by __init__; an instance built otherwise accounts nothing)
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         check_version()
@@ -57,6 +68,13 @@ class AdaptiveScheduler(Scheduler):
         self._source: dict[str, int] = {}
         # Requests whose proposer was asked for drafts and found none (for the next feedback).
         self._missed: set[str] = set()
+        # The engine's data-parallel index: vLLM runs each non-MoE data-parallel engine core
+        # as an engine of one (data_parallel_rank 0, size 1), keeping its index here; it is the
+        # `engine` label of vLLM's own series.
+        engine = int(vllm_config.parallel_config.data_parallel_index)
+        account_metrics = _make_account_metrics(engine)
+        self.account = EngineAccount(None if account_metrics is None else account_metrics.add)
+        self._accounting = True
         spec = vllm_config.speculative_config
         if spec is None or not spec.num_speculative_tokens:
             log.warning("adaptspec: no speculative decoding configured; the scheduler is vLLM's")
@@ -78,10 +96,6 @@ class AdaptiveScheduler(Scheduler):
         if policy.k_max < spec.num_speculative_tokens:
             log.info("adaptspec: policy k_max %d caps num_speculative_tokens %d",
                      policy.k_max, spec.num_speculative_tokens)
-        # The engine's data-parallel index: vLLM runs each non-MoE data-parallel engine core
-        # as an engine of one (data_parallel_rank 0, size 1), keeping its index here; it is the
-        # `engine` label of vLLM's own series.
-        engine = int(vllm_config.parallel_config.data_parallel_index)
         metrics = _make_metrics(policy, engine)
         names = vllm_config.model_config.served_model_name
         model = names[0] if isinstance(names, list) else names
@@ -123,6 +137,7 @@ class AdaptiveScheduler(Scheduler):
     # ---------------------------------------------------------------- the step
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        self._account()
         out = super().schedule(*args, **kwargs)
         rt = self.runtime
         if rt is not None:
@@ -143,9 +158,32 @@ class AdaptiveScheduler(Scheduler):
         return out
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        if self.runtime is None:
+            outputs = super().update_from_output(scheduler_output, model_runner_output)
+        else:
+            outputs = self._update_adaptive(scheduler_output, model_runner_output)
+        self._account(scheduler_output)
+        return outputs
+
+    def _account(self, scheduler_output: Any = None) -> None:
+        """The account's events: a step starts (no output yet) or ends. Whatever goes wrong in
+        it is logged once and turns the account off; serving never depends on it."""
+        if not self._accounting:
+            return
+        try:
+            if scheduler_output is None:
+                self.account.step_started(time.perf_counter())
+            else:
+                shape = step_shape(scheduler_output)
+                self.account.step_ended(time.perf_counter(),
+                                        unfinished=self.has_unfinished_requests(), **shape)
+        except Exception:
+            self._accounting = False
+            log.exception("adaptspec: the engine time account failed; it is off from now on")
+
+    def _update_adaptive(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         rt = self.runtime
-        if rt is None:
-            return super().update_from_output(scheduler_output, model_runner_output)
+        assert rt is not None
         elapsed = None if self._step_start is None else time.perf_counter() - self._step_start
         try:
             feedback = _feedback(scheduler_output, model_runner_output, self.requests)
@@ -267,4 +305,22 @@ def _make_metrics(policy: Any, engine: int = 0) -> Metrics | None:
         return _process_metrics
     except Exception:
         log.exception("adaptspec: metrics unavailable; serving continues without them")
+        return None
+
+
+_process_account: AccountMetrics | None = None
+
+
+def _make_account_metrics(engine: int = 0) -> AccountMetrics | None:
+    """The adaptspec_engine_* series of engine `engine`, fresh as _make_metrics's (the previous
+    engine's unregistered first); a registry failure leaves serving on, without them."""
+    global _process_account
+    try:
+        if _process_account is not None:
+            _process_account.unregister()
+            _process_account = None
+        _process_account = AccountMetrics(engine)
+        return _process_account
+    except Exception:
+        log.exception("adaptspec: engine account series unavailable; serving continues")
         return None
