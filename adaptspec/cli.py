@@ -72,6 +72,12 @@ def cmd_bench_nopay(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_bench_unseen(args: argparse.Namespace) -> int:
+    from adaptspec.tools.bench.unseen import run
+
+    return run(args)
+
+
 def cmd_bench_calibrate(args: argparse.Namespace) -> int:
     from adaptspec.tools.bench.calibrate import main as calibrate_main
 
@@ -147,6 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_nopay_arguments(nopay)
     nopay.set_defaults(func=cmd_bench_nopay)
+    unseen = bench_sub.add_parser(
+        "unseen", help="chat the project never tuned on (its unseen prompt set), default model "
+                       "at c=4, with and without a latency-critical stream: plain vs vLLM ngram "
+                       "K=2/4/8 vs adaptspec over vLLM's ngram and over its own, repeated")
+    from adaptspec.tools.bench.unseen import add_arguments as add_unseen_arguments
+
+    add_unseen_arguments(unseen)
+    unseen.set_defaults(func=cmd_bench_unseen)
     cal = bench_sub.add_parser(
         "calibrate", help="fit the simulator's cpu step-time preset to a bench.json and check "
                           "its predicted ratios against the measured ones")
@@ -218,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return models_main(argv[1:], prog="adaptspec models")
     if argv[:1] == ["bench"] and argv[1:2] not in (["run"], ["decide"], ["calibrate"],
-                                                  ["nopay"], ["-h"], ["--help"]):
+                                                  ["nopay"], ["unseen"], ["-h"],
+                                                  ["--help"]):
         argv = ["bench", "run", *argv[1:]]  # `adaptspec bench --quick` runs the benchmark
     args = build_parser().parse_args(argv)
     try:

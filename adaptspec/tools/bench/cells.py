@@ -124,6 +124,10 @@ def _spec_counters(m: dict[str, dict]) -> dict[str, float]:
     # catch-up token), for the simulator's hybrid
     for labels, v in m.get("adaptspec_draft_model_cost_ms", {}).items():
         out[f"draft_model_ms_{dict(labels).get('kind', '?')}"] = v
+    # the engine's time account, seconds by category (adaptspec/account.py)
+    for labels, v in m.get("adaptspec_engine_seconds_total", {}).items():
+        key = f"engine_s_{dict(labels).get('category', '?')}"
+        out[key] = out.get(key, 0.0) + v
     return out
 
 

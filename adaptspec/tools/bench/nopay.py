@@ -143,7 +143,7 @@ def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_repeat(configs: list[Config], model: str, rendered: dict[str, str],
-               main: list[workload.Request], lc: list[workload.Request],
+               main: list[workload.Request], lc: list[workload.Request | None],
                warmup: list[workload.Request], policy: Path, log_dir: Path, repeat: int,
                concurrency: int, eager: bool = True, slice_requests: int | None = None
                ) -> dict[str, dict[str, Any]]:
@@ -185,6 +185,8 @@ def run_repeat(configs: list[Config], model: str, rendered: dict[str, str],
         out[name] = {
             "server_start_s": start_s[name], "wall_s": wall, "tokens": tokens,
             "tok_per_s": tokens / wall, "slice_wall_s": [c["wall_s"] for c in cs],
+            "engine_s": {k[len("engine_s_"):]: v for k, v in spec.items()
+                         if k.startswith("engine_s_")},
             "lc_median_gap_ms": median_gap_ms(lc_reqs),
             "errors": [e for c in cs for e in c["errors"]],
             "adaptspec_counters": _delta(cs[-1]["class_after"], cs[0]["class_before"]),
@@ -238,10 +240,11 @@ def judge(repeats: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
-def check_greedy(repeats: list[dict[str, dict[str, Any]]]) -> list[str]:
+def check_greedy(repeats: list[dict[str, dict[str, Any]]], plain: str = "none") -> list[str]:
+    """Every request of every configuration and repeat against `plain`'s in the first."""
     bad = []
-    ref = {r["id"]: r["tokens"] for r in repeats[0]["none"]["requests"]
-           + repeats[0]["none"]["lc_requests"]}
+    ref = {r["id"]: r["tokens"] for r in repeats[0][plain]["requests"]
+           + repeats[0][plain]["lc_requests"]}
     for i, rep in enumerate(repeats):
         for name, r in rep.items():
             for q in r["requests"] + r["lc_requests"]:

@@ -48,6 +48,9 @@ class Config:
     # Policy keys set on top of the run's policy (see policy_for); "classes": {"*": {...}}
     # sets those fields in every class.
     policy: dict[str, Any] = field(default_factory=dict)
+    # A plain server (spec None) run by adaptspec's scheduler, which then only keeps the
+    # engine's time account (adaptspec/account.py): plain vLLM's account beside adaptspec's.
+    account: bool = False
 
 
 @dataclass
@@ -165,7 +168,7 @@ class Server:
             args += ["--speculative-config", json.dumps(cfg.spec)]
         if cfg.adaptive or cfg.sync:
             args += ["--no-async-scheduling"]
-        cmd = server_command(model, args, adaptive=cfg.adaptive)
+        cmd = server_command(model, args, adaptive=cfg.adaptive or cfg.account)
         # the plugin's variables only where this configuration sets them, never inherited
         base = {k: v for k, v in os.environ.items() if k not in (POLICY_ENV, DRAFT_ENV)}
         env = server_env({**base, **cfg.env}, adaptive=cfg.adaptive,

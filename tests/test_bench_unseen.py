@@ -1,0 +1,70 @@
+"""`adaptspec bench unseen` bookkeeping without servers: the streams, the groups, the verdict
+(slice by slice against each group's plain server) and the table."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaptspec.tools.bench import unseen
+from adaptspec.tools.bench.nopay import MAX_SERVERS
+from adaptspec.tools.bench.prompts import load_unseen_chat
+
+
+def test_streams_use_the_unseen_set_with_lc_in_every_other_slice() -> None:
+    main, lc = unseen.make_streams(10, 64, 16, 4)
+    short = [e["prompt"] for e in load_unseen_chat()["short"]]
+    assert [r.prompt for r in main] == short[:10]
+    assert all(r.temperature == 0.0 and r.max_tokens == 64 for r in main)
+    assert [q is not None for q in lc] == [False, True, False]  # 3 slices of 4
+    assert lc[1].cls == "interactive" and lc[1].max_tokens == 16
+
+
+def test_every_group_has_plain_and_at_most_max_servers() -> None:
+    gs = unseen.groups(list(unseen.CONFIGS))
+    assert all(g[0].name == unseen.PLAIN and len(g) <= MAX_SERVERS for g in gs)
+    others = [c.name for g in gs for c in g[1:]]
+    assert sorted(others) == sorted(c.name for c in unseen.CONFIGS if c.name != unseen.PLAIN)
+    plain = unseen.CONFIGS[0]
+    assert plain.spec is None and plain.account and not plain.adaptive
+
+
+def _run(walls: list[float], gap: float, ref_walls: list[float], ref_gap: float) -> dict:
+    return {"slice_wall_s": walls, "lc_median_gap_ms": gap, "wall_s": sum(walls),
+            "reference": {"slice_wall_s": ref_walls, "lc_median_gap_ms": ref_gap}}
+
+
+def test_verdict_pairs_slices_with_and_without_lc() -> None:
+    lc = [False, True, False, True]
+    plain = [10.0, 12.0, 10.0, 12.0]
+    rep = {"vllm_ngram_k4": _run([8.0, 12.0, 9.0, 13.0], 110.0, plain, 100.0),
+           "vllm_ngram_k8": _run([9.0, 14.0, 9.0, 14.0], 130.0, plain, 100.0),
+           "adaptspec": _run([8.0, 12.0, 8.0, 12.0], 102.0, plain, 100.0)}
+    v = unseen.judge([rep], lc)
+    assert v["vllm_ngram_k4"]["no_lc"]["median"] == pytest.approx(20 / 17)
+    assert v["vllm_ngram_k4"]["with_lc"]["median"] == pytest.approx(24 / 25)
+    assert v["adaptspec"]["lc_gap"]["median"] == pytest.approx(1.02)
+    g = v["goals"]["adaptspec"]
+    assert g["no_lc_over_best_static"] == pytest.approx((20 / 16) / (20 / 17))
+    assert g["with_lc_over_plain"] == pytest.approx(1.0)
+    # repeats: medians and spreads
+    rep2 = {k: dict(r) for k, r in rep.items()}
+    rep2["adaptspec"] = _run([10.0, 12.0, 10.0, 12.0], 100.0, plain, 100.0)
+    rep3 = {k: dict(r) for k, r in rep.items()}
+    rep3["adaptspec"] = _run([9.0, 12.0, 11.0, 12.0], 100.0, plain, 100.0)
+    a = unseen.judge([rep, rep2, rep3], lc)["adaptspec"]["no_lc"]
+    assert a["per_repeat"] == pytest.approx([1.25, 1.0, 1.0])
+    assert a["median"] == pytest.approx(1.0) and a["spread"] == pytest.approx(0.25)
+
+
+def test_table_and_account_share() -> None:
+    lc = [False, True]
+    plain = {"slice_wall_s": [10.0, 10.0], "lc_median_gap_ms": 100.0, "wall_s": 20.0,
+             "vllm_draft_tokens": 0.0, "vllm_accepted_tokens": 0.0,
+             "engine_s": {"decode_plain": 15.0, "prefill": 4.7, "idle": 30.0}}
+    a = {**_run([9.0, 10.0], 101.0, [10.0, 10.0], 100.0), "vllm_draft_tokens": 50.0,
+         "vllm_accepted_tokens": 20.0}
+    assert unseen.account_share(plain) == pytest.approx(19.7 / 20.0)  # idle is not serving
+    assert unseen.account_share(a) is None
+    table = unseen.format_table([{"none_sync": plain, "adaptspec": a}],
+                                unseen.judge([{"none_sync": plain, "adaptspec": a}], lc))
+    assert "0.985" in table and "50/20" in table and "1.111" in table
