@@ -326,13 +326,20 @@ def run(args: argparse.Namespace) -> int:
               "max_tokens": args.max_tokens, "lc_tokens": args.lc_tokens,
               "total_s": time.monotonic() - t_all, "verdict": verdict,
               "mismatches": mismatches, "errors": errors, "repeats": repeats}
-    print(format_table(repeats, verdict))
-    path = out_dir / "nopay.json"
+    return report(result, format_table(repeats, verdict), out_dir / "nopay.json")
+
+
+def report(result: dict[str, Any], table: str, path: Path) -> int:
+    """Print a cell's table, write its JSON; exit status 3 if a greedy output differed or a
+    request failed."""
+    print(table)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1, default=float))
     print(f"wrote {path}; total {result['total_s'] / 60:.1f} min")
-    if mismatches or errors:
-        print(f"BENCHMARK FAILED: {len(mismatches)} greedy outputs differ, {len(errors)} "
-              f"request errors; first: {(mismatches or errors)[0]}", file=sys.stderr)
+    bad = result["mismatches"] or result["errors"]
+    if bad:
+        print(f"BENCHMARK FAILED: {len(result['mismatches'])} greedy outputs differ, "
+              f"{len(result['errors'])} request errors; first: {bad[0]}", file=sys.stderr)
         return 3
     return 0
 

@@ -27,7 +27,6 @@ idle) over the slices' wall time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -37,7 +36,13 @@ from typing import Any
 
 from adaptspec.tools.bench import workload
 from adaptspec.tools.bench.cells import median_gap_ms
-from adaptspec.tools.bench.nopay import DEFAULT_POLICY, MAX_SERVERS, check_greedy, run_repeat
+from adaptspec.tools.bench.nopay import (
+    DEFAULT_POLICY,
+    MAX_SERVERS,
+    check_greedy,
+    report,
+    run_repeat,
+)
 from adaptspec.tools.bench.prompts import load_unseen_chat
 from adaptspec.tools.bench.servers import OURS_NGRAM, Config
 
@@ -195,16 +200,7 @@ def run(args: argparse.Namespace) -> int:
               "total_s": time.monotonic() - t_all, "verdict": verdict,
               "lc_gap_ms_plain": [median_gap_ms(rep[PLAIN]["lc_requests"]) for rep in repeats],
               "mismatches": mismatches, "errors": errors, "repeats": repeats}
-    print(format_table(repeats, verdict))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "unseen.json"
-    path.write_text(json.dumps(result, indent=1, default=float))
-    print(f"wrote {path}; total {result['total_s'] / 60:.1f} min")
-    if mismatches or errors:
-        print(f"BENCHMARK FAILED: {len(mismatches)} greedy outputs differ, {len(errors)} "
-              f"request errors; first: {(mismatches or errors)[0]}", file=sys.stderr)
-        return 3
-    return 0
+    return report(result, format_table(repeats, verdict), out_dir / "unseen.json")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
