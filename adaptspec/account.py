@@ -24,9 +24,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter
 log = logging.getLogger(__name__)
 
 # decode_plain: no prefill, no draft verified. decode_spec: no prefill, >= 1 draft verified.
-# prefill: some request scheduled more than 1 + its drafts tokens. first_shape: the step's token
-# count was new to the engine (a first use can pay one-off costs: kernel selection, graph capture,
-# compilation), counted here instead of its decode or prefill category. between: from a step's
+# prefill: some request scheduled more than 1 + its drafts tokens. first_shape: a decode step
+# whose token count was new to the engine (a first use can pay one-off costs: kernel selection,
+# graph capture, compilation), counted here instead of its decode category. between: from a step's
 # end to the next step's start while requests are unfinished (scheduling, output processing,
 # draft bookkeeping), and steps that scheduled no token (no model ran). idle: that gap when no
 # request was unfinished (the engine waits for work: not serving time).
@@ -129,12 +129,14 @@ class EngineAccount:
         batch, drafted, num_tokens = _num(batch) or 0, max(_num(drafted) or 0, 0), _num(num_tokens)
         if not num_tokens or num_tokens <= 0 or batch <= 0:
             category = "between"  # nothing scheduled, no model ran
+        elif prefill:
+            # (before first_shape: prompts of every length make most prefill steps new shapes,
+            # and a prefill step's time is the prompt's, not a first use's)
+            category = "prefill"
         elif num_tokens not in self._shapes:
             category = "first_shape"
             if len(self._shapes) < MAX_SHAPES:
                 self._shapes.add(num_tokens)
-        elif prefill:
-            category = "prefill"
         else:
             category = "decode_spec" if drafted else "decode_plain"
         dt = self._close(now, category)

@@ -36,15 +36,15 @@ def _step(acct: EngineAccount, start: float, end: float, *, batch: int = 2, draf
 def test_a_scripted_timeline_is_partitioned_exactly() -> None:
     # Binary fractions: every sum below is exact, so the partition must hold with ==.
     acct = EngineAccount()
-    _step(acct, 10.0, 10.5, batch=2, prefill=True, num_tokens=40)  # first use of 40 tokens
+    _step(acct, 10.0, 10.5, batch=2, prefill=True, num_tokens=40)  # prefill, whatever shape
     _step(acct, 10.625, 11.0, batch=2, num_tokens=2)  # first use of 2 tokens
     _step(acct, 11.25, 11.5, batch=2, num_tokens=2)  # decode_plain
     _step(acct, 11.5, 12.0, batch=2, drafted=3, num_tokens=5)  # first use of 5
     _step(acct, 12.125, 12.5, batch=2, drafted=3, num_tokens=5, unfinished=False)  # decode_spec
-    _step(acct, 20.0, 21.0, batch=1, prefill=True, num_tokens=40)  # prefill (40 seen)
-    assert acct.seconds == {"decode_plain": 0.25, "decode_spec": 0.375, "prefill": 1.0,
-                            "first_shape": 1.375, "between": 0.125 + 0.25 + 0.125, "idle": 7.5}
-    assert acct.steps == {"decode_plain": 1, "decode_spec": 1, "prefill": 1, "first_shape": 3,
+    _step(acct, 20.0, 21.0, batch=1, prefill=True, num_tokens=40)  # prefill
+    assert acct.seconds == {"decode_plain": 0.25, "decode_spec": 0.375, "prefill": 1.5,
+                            "first_shape": 0.875, "between": 0.125 + 0.25 + 0.125, "idle": 7.5}
+    assert acct.steps == {"decode_plain": 1, "decode_spec": 1, "prefill": 2, "first_shape": 2,
                           "between": 4, "idle": 1}  # a gap of 0 s is still a gap
     assert acct.total() == acct.span() == 11.0
     assert acct.batch_seconds == {("decode_plain", 2): 0.25, ("decode_spec", 2): 0.375}
