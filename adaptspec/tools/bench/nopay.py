@@ -275,8 +275,11 @@ def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, An
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    model = args.model
+def prepare(model: str | None, main: list[workload.Request],
+            lc: list[workload.Request | None]
+            ) -> tuple[str, list[workload.Request], dict[str, str]]:
+    """A cell's model folder (default: the 0.5B, built on first use), its warm-up requests
+    (the first two of `main`, 8 tokens) and every request's prompt as the server gets it."""
     if model is None:
         from adaptspec.tools.models import build_qwen
 
@@ -284,11 +287,17 @@ def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
-    main, lc = make_streams(workload.load_sources(), args.requests, args.lc_requests,
-                            args.max_tokens, args.lc_tokens)
     warmup = [workload.Request(id=f"w-{i}", cls="writing", prompt=r.prompt, max_tokens=8,
                                temperature=0.0, seed=0) for i, r in enumerate(main[:2])]
-    rendered = {r.id: workload.render(tok, r.prompt) for r in main + lc + warmup}
+    rendered = {r.id: workload.render(tok, r.prompt)
+                for r in main + [q for q in lc if q is not None] + warmup}
+    return model, warmup, rendered
+
+
+def run(args: argparse.Namespace) -> int:
+    main, lc = make_streams(workload.load_sources(), args.requests, args.lc_requests,
+                            args.max_tokens, args.lc_tokens)
+    model, warmup, rendered = prepare(args.model, main, lc)
     names = set(args.configs or DEFAULT_CONFIGS) | set(PLAIN)
     configs = [c for c in CONFIGS if c.name in names]
     # A server needs ~150 MB of KV cache here (6 sequences of 1024 tokens); several run at once.

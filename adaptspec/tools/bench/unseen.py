@@ -40,6 +40,7 @@ from adaptspec.tools.bench.nopay import (
     DEFAULT_POLICY,
     MAX_SERVERS,
     check_greedy,
+    prepare,
     report,
     run_repeat,
 )
@@ -155,19 +156,8 @@ def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, An
 
 
 def run(args: argparse.Namespace) -> int:
-    model = args.model
-    if model is None:
-        from adaptspec.tools.models import build_qwen
-
-        model = str(build_qwen(roles=("draft",))["draft"])
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model)
     main, lc = make_streams(args.requests, args.max_tokens, args.lc_tokens, args.concurrency)
-    warmup = [workload.Request(id=f"w-{i}", cls="writing", prompt=r.prompt, max_tokens=8,
-                               temperature=0.0, seed=0) for i, r in enumerate(main[:2])]
-    rendered = {r.id: workload.render(tok, r.prompt)
-                for r in main + [q for q in lc if q is not None] + warmup}
+    model, warmup, rendered = prepare(args.model, main, lc)
     names = set(args.configs or [c.name for c in CONFIGS]) | {PLAIN}
     configs = [c for c in CONFIGS if c.name in names]
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
