@@ -51,18 +51,29 @@ def batch_bucket(batch: int) -> int:
     return batch if batch <= EXACT_BATCH_MAX else 1 << (batch - 1).bit_length()
 
 
+def verified_drafts(slots: Sequence[int]) -> int:
+    """A request's draft tokens in a step: -1 marks a slot invalidated by structured output,
+    never a real draft."""
+    return sum(1 for t in slots if t >= 0)
+
+
+def carries_prefill(n_tokens: int, slots: Sequence[int]) -> bool:
+    """Whether a request scheduled `n_tokens` beside `slots` draft slots is prefilling: a
+    decode schedules 1 + its drafts."""
+    return n_tokens > 1 + len(slots)
+
+
 def step_shape(scheduler_output: Any) -> dict[str, Any]:
     """A step's batch size, draft tokens verified, whether it carried a prefill chunk and its
     total token count, from a SchedulerOutput-like object (the keyword arguments of
-    `EngineAccount.step_ended`). A request scheduled more than 1 + its draft slots tokens is
-    prefilling; -1 marks a draft slot invalidated by structured output, not a verified draft."""
+    `EngineAccount.step_ended`)."""
     scheduled: Mapping[str, int] = scheduler_output.num_scheduled_tokens
     spec: Mapping[str, Sequence[int]] = scheduler_output.scheduled_spec_decode_tokens or {}
     drafted, prefill = 0, False
     for req_id, n_tokens in scheduled.items():
         slots = spec.get(req_id) or ()
-        drafted += sum(1 for t in slots if t >= 0)
-        prefill = prefill or n_tokens > 1 + len(slots)
+        drafted += verified_drafts(slots)
+        prefill = prefill or carries_prefill(n_tokens, slots)
     return {"batch": len(scheduled), "drafted": drafted, "prefill": prefill,
             "num_tokens": int(scheduler_output.total_num_scheduled_tokens)}
 

@@ -28,12 +28,19 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from adaptspec_vllm import runner_choice, touchpoints
 from adaptspec_vllm.version import check_version
 
-from adaptspec.account import AccountMetrics, EngineAccount, step_shape
+from adaptspec.account import (
+    AccountMetrics,
+    EngineAccount,
+    carries_prefill,
+    step_shape,
+    verified_drafts,
+)
 from adaptspec.classify import RequestInfo
 from adaptspec.metrics import Metrics
 from adaptspec.plan import DRAFT_REPORT_ATTR, DraftReport
@@ -268,9 +275,8 @@ def _feedback(scheduler_output: Any, model_runner_output: Any, live: Any = None
     pure_decode = True
     for req_id, n_tokens in scheduler_output.num_scheduled_tokens.items():
         drafts = spec.get(req_id) or ()
-        # -1 marks a draft slot invalidated by structured output; it was never a real draft.
-        d = sum(1 for t in drafts if t >= 0)
-        if n_tokens > 1 + len(drafts):
+        d = verified_drafts(drafts)
+        if carries_prefill(n_tokens, drafts):
             pure_decode = False
         i = index.get(req_id)
         toks = sampled[i] if sampled and i is not None else None
@@ -286,41 +292,33 @@ def _feedback(scheduler_output: Any, model_runner_output: Any, live: Any = None
     return req_ids, drafted, accepted, pure_decode
 
 
-_process_metrics: Metrics | None = None
+# The series of the engine this process built last: a process that builds a second engine (a
+# notebook re-creating `LLM`, the tests) gets fresh series for it, as vLLM does for its own:
+# the previous engine's are unregistered first.
+_process_series: dict[str, Any] = {}
+
+
+def _fresh_series(kind: str, build: Callable[[], Any]) -> Any:
+    """`build()`'s series in place of this process's previous ones of `kind`; a registry failure
+    leaves serving on, without them (None)."""
+    old = _process_series.pop(kind, None)
+    try:
+        if old is not None:
+            old.unregister()
+        _process_series[kind] = series = build()
+        return series
+    except Exception:
+        log.exception("adaptspec: %s series unavailable; serving continues without them", kind)
+        return None
 
 
 def _make_metrics(policy: Any, engine: int = 0) -> Metrics | None:
     """The adaptspec_* series of engine `engine` (its data-parallel index, vLLM's `engine`
-    label); a registry failure leaves serving on, without metrics.
-
-    A process that builds a second engine (a notebook re-creating `LLM`, the tests) gets fresh
-    series for it, as vLLM does for its own: the previous engine's are unregistered first.
-    """
-    global _process_metrics
-    try:
-        if _process_metrics is not None:
-            _process_metrics.unregister()
-            _process_metrics = None
-        _process_metrics = Metrics(policy.max_classes, policy.k_max, engine=engine)
-        return _process_metrics
-    except Exception:
-        log.exception("adaptspec: metrics unavailable; serving continues without them")
-        return None
-
-
-_process_account: AccountMetrics | None = None
+    label)."""
+    return _fresh_series("controller", lambda: Metrics(policy.max_classes, policy.k_max,
+                                                       engine=engine))
 
 
 def _make_account_metrics(engine: int = 0) -> AccountMetrics | None:
-    """The adaptspec_engine_* series of engine `engine`, fresh as _make_metrics's (the previous
-    engine's unregistered first); a registry failure leaves serving on, without them."""
-    global _process_account
-    try:
-        if _process_account is not None:
-            _process_account.unregister()
-            _process_account = None
-        _process_account = AccountMetrics(engine)
-        return _process_account
-    except Exception:
-        log.exception("adaptspec: engine account series unavailable; serving continues")
-        return None
+    """The adaptspec_engine_* series of engine `engine`."""
+    return _fresh_series("engine account", lambda: AccountMetrics(engine))
