@@ -59,6 +59,13 @@ class AcceptanceEstimator:
         post, kk = self.posterior_sums(), self.k_max
         return (post[:kk] / post[kk:]).T
 
+    def first_mean(self) -> np.ndarray:
+        """The first position's posterior mean per active class (no position before it moves
+        its prior): what a draft's first token is accepted at, without the others' work."""
+        ev, kk = self.ev[: self.active], self.k_max
+        a = ev[:, 2 * kk] + ev[:, 0]
+        return a / (a + ev[:, 3 * kk] + ev[:, kk])
+
     def posterior_sums(self) -> np.ndarray:
         """The active classes' posteriors, position-major [2 k_max, classes]: rows [0, k_max)
         a (the prior's share plus successes) per position, [k_max, 2 k_max) a + b (prior

@@ -236,7 +236,7 @@ class Metrics:
         dec = np.bincount(key, minlength=n_cls * 4 * n_r * (n_prop + 1)).reshape(
             n_cls, 4, n_r, n_prop + 1)
         props = (*ctl.proposers, "none")
-        means = ctl.estimator.mean()[:, 0]
+        means = ctl.estimator.first_mean()  # (every step: not the whole posterior)
         for c in np.unique(cls):
             lab = self.label(ctl.class_names[c])
             for i, r, p in zip(*np.nonzero(dec[c]), strict=True):

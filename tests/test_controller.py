@@ -353,6 +353,7 @@ def test_estimator_update_matches_per_request_rule_with_bad_feedback() -> None:
     np.testing.assert_allclose(est.fail, fail)
     sums = est.posterior_sums()
     np.testing.assert_allclose((sums[:kk] / sums[kk:]).T, est.mean())
+    np.testing.assert_allclose(est.first_mean(), est.mean()[:, 0])
     # Per class, position by position: the prior moved in log-odds as far as the position
     # before moved from its own prior.
     for c in range(n_cls):
