@@ -394,6 +394,11 @@ def test_adaptspec_serve_end_to_end(tiny_models: dict, policy_file: Path, tmp_pa
     try:
         wait_until_up(base + "/health", proc, tmp_path / "server.log", 300)
         prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n"
+        if draft:
+            # A prompt that does not repeat itself: on the one above the suffix and n-gram
+            # lookups are right so often that the controller never lets the draft model's
+            # passes pay, and it drafts nothing to check.
+            prompt = "import os\nimport sys\n\n\ndef main(argv):\n    parser ="
         jobs = [("code", prompt), ("interactive", prompt)] * 4
         with ThreadPoolExecutor(8) as pool:
             outs = list(pool.map(lambda j: _post(base + "/v1/completions", {
