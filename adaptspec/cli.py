@@ -78,6 +78,12 @@ def cmd_bench_unseen(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_bench_vllm_client(args: argparse.Namespace) -> int:
+    from adaptspec.tools.bench.vllm_client import run
+
+    return run(args)
+
+
 def cmd_bench_calibrate(args: argparse.Namespace) -> int:
     from adaptspec.tools.bench.calibrate import main as calibrate_main
 
@@ -161,6 +167,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_unseen_arguments(unseen)
     unseen.set_defaults(func=cmd_bench_unseen)
+    vclient = bench_sub.add_parser(
+        "vllm-client", help="the unseen long chat prompts through vLLM's own benchmark client "
+                            "(vllm bench serve), a fresh server per configuration and repeat: "
+                            "plain vs vLLM ngram K=2/4/8 vs adaptspec")
+    from adaptspec.tools.bench.vllm_client import add_arguments as add_vclient_arguments
+
+    add_vclient_arguments(vclient)
+    vclient.set_defaults(func=cmd_bench_vllm_client)
     cal = bench_sub.add_parser(
         "calibrate", help="fit the simulator's cpu step-time preset to a bench.json and check "
                           "its predicted ratios against the measured ones")
@@ -232,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return models_main(argv[1:], prog="adaptspec models")
     if argv[:1] == ["bench"] and argv[1:2] not in (["run"], ["decide"], ["calibrate"],
-                                                  ["nopay"], ["unseen"], ["-h"],
+                                                  ["nopay"], ["unseen"], ["vllm-client"],
+                                                  ["-h"],
                                                   ["--help"]):
         argv = ["bench", "run", *argv[1:]]  # `adaptspec bench --quick` runs the benchmark
     args = build_parser().parse_args(argv)

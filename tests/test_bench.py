@@ -115,6 +115,25 @@ def test_proposer_shares_per_class_and_their_table() -> None:
     assert report.proposer_table(summary) == ""
 
 
+def test_the_engine_account_of_a_cell_and_its_table() -> None:
+    cell = _cell([_req("a", "code", [1, 2], [0.1, 0.2], [1, 1])], wall=10.0)
+    cell["spec_before"] = {**cell["spec_before"], "engine_s_decode_plain": 1.0,
+                           "engine_s_idle": 50.0}
+    cell["spec_after"] = {**cell["spec_after"], "engine_s_decode_plain": 7.0,
+                          "engine_s_prefill": 3.0, "engine_s_between": 0.5,
+                          "engine_s_idle": 50.2}
+    s = report.summarize_cell(cell, static_k=None)
+    assert s["engine_s"] == pytest.approx({"decode_plain": 6.0, "prefill": 3.0,
+                                           "between": 0.5, "idle": 0.2})
+    lines = report.account_table({"none": {4: s}, "vllm_ngram_k4": {4: report.summarize_cell(
+        _cell(cell["requests"]), static_k=4)}}).splitlines()
+    assert len(lines) == 3  # the header's two lines and the one server that kept an account
+    row = lines[2].split()
+    # serving time 9.5 s of a 10 s cell; decode_plain 6 of 9.5 s
+    assert row[:4] == ["none", "4", "0.950", "63.2%"]
+    assert report.account_table({"x": {4: report.summarize_cell(_cell([]), None)}}) == ""
+
+
 def test_greedy_gate_flags_only_greedy_differences() -> None:
     ref = {1: _cell([_req("g", "code", [1, 2, 3], [], []),
                      _req("s", "code", [7, 8], [], [], temperature=0.7)])}
@@ -165,6 +184,8 @@ def test_stream_is_seeded_covers_every_class_and_both_temperatures() -> None:
 def test_configs_cover_none_static_and_adaptive() -> None:
     names = [c.name for c in servers.make_configs("/draft", servers.FULL)]
     assert names[0] == "none"
+    # plain vLLM keeps the engine's time account beside adaptspec's
+    assert servers.make_configs("/draft", servers.FULL)[0].account
     assert {"vllm_ngram_k2", "vllm_ngram_k4", "vllm_ngram_k8", "vllm_draft_k2",
             "vllm_draft_k4", "adaptspec_ngram", "adaptspec_draft"} <= set(names)
     assert not any("selfdraft" in n for n in names)

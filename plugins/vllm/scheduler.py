@@ -6,10 +6,11 @@ One engine step, in the order vLLM's EngineCore calls us (sync scheduling):
    attach the plan in force (adaptspec/plan.py StepPlan: K, proposer and reason per scheduled
    request) to the SchedulerOutput (``adaptspec_plan``, the one thing the plugin carries to the
    worker): our proposers draft exactly K tokens per request, vLLM's own draft the plan's
-   longest K (``num_spec_tokens_to_schedule``). Then the step clock starts.
+   longest K (``num_spec_tokens_to_schedule``).
 2. the worker verifies, samples and proposes the next drafts.
 3. ``update_from_output()``: per request, drafted = drafts scheduled, accepted = tokens sampled
-   minus one (the same arithmetic as vLLM's SpecDecodingStats). With the step time these go to
+   minus one (the same arithmetic as vLLM's SpecDecodingStats). With the step time (the
+   engine's whole cycle since the last update, adaptspec's own work included) these go to
    the controller, whose ``plan`` is each request's K for the next step.
 4. ``update_draft_token_ids()``: the new drafts arrive and are cut to the plan's K (K = 0: plain
    decoding), then, where the proposer says how sure it is, perhaps shorter (Controller.cut).
@@ -64,6 +65,8 @@ class AdaptiveScheduler(Scheduler):
     """
 
     _accounting = False  # (set by __init__; an instance built otherwise accounts nothing)
+    _last_update: float | None = None  # when the last update_from_output began
+    _busy = False  # requests were left unfinished after the last update
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         check_version()
@@ -188,10 +191,22 @@ class AdaptiveScheduler(Scheduler):
             self._accounting = False
             log.exception("adaptspec: the engine time account failed; it is off from now on")
 
+    def _step_seconds(self) -> float | None:
+        """The step's time as the engine spent it: from the previous update to this one (the
+        controller's decision, vLLM's bookkeeping, the cut of this step's drafts, the schedule
+        and the model: the account's decode step and the time between steps), so that what
+        adaptspec itself costs per step is priced and charged like the verify pass. After an
+        idle engine, from the end of this step's schedule() only."""
+        now = time.perf_counter()
+        since_update, self._last_update = self._last_update, now
+        if since_update is not None and self._busy:
+            return now - since_update
+        return None if self._step_start is None else now - self._step_start
+
     def _update_adaptive(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         rt = self.runtime
         assert rt is not None
-        elapsed = None if self._step_start is None else time.perf_counter() - self._step_start
+        elapsed = self._step_seconds()
         try:
             feedback = _feedback(scheduler_output, model_runner_output, self.requests)
         except Exception:
@@ -211,6 +226,8 @@ class AdaptiveScheduler(Scheduler):
                     missed)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         rt.maybe_snapshot()
+        # (an engine with nothing left idles until the next request: no cycle to time)
+        self._busy = self.has_unfinished_requests()
         return outputs
 
     def update_draft_token_ids(self, draft_token_ids: Any) -> None:

@@ -125,9 +125,11 @@ def _spec_counters(m: dict[str, dict]) -> dict[str, float]:
     for labels, v in m.get("adaptspec_draft_model_cost_ms", {}).items():
         out[f"draft_model_ms_{dict(labels).get('kind', '?')}"] = v
     # the engine's time account, seconds by category (adaptspec/account.py)
-    for labels, v in m.get("adaptspec_engine_seconds_total", {}).items():
-        key = f"engine_s_{dict(labels).get('category', '?')}"
-        out[key] = out.get(key, 0.0) + v
+    for series, prefix in (("adaptspec_engine_seconds_total", "engine_s_"),
+                           ("adaptspec_engine_steps_total", "engine_steps_")):
+        for labels, v in m.get(series, {}).items():
+            key = prefix + dict(labels).get("category", "?")
+            out[key] = out.get(key, 0.0) + v
     return out
 
 

@@ -187,6 +187,8 @@ def run_repeat(configs: list[Config], model: str, rendered: dict[str, str],
             "tok_per_s": tokens / wall, "slice_wall_s": [c["wall_s"] for c in cs],
             "engine_s": {k[len("engine_s_"):]: v for k, v in spec.items()
                          if k.startswith("engine_s_")},
+            "engine_steps": {k[len("engine_steps_"):]: v for k, v in spec.items()
+                             if k.startswith("engine_steps_")},
             "lc_median_gap_ms": median_gap_ms(lc_reqs),
             "errors": [e for c in cs for e in c["errors"]],
             "adaptspec_counters": _delta(cs[-1]["class_after"], cs[0]["class_before"]),

@@ -138,12 +138,45 @@ def summarize_cell(cell: dict[str, Any], static_k: int | None) -> dict[str, Any]
         "vllm_drafts": drafts,
         "vllm_draft_tokens": draft_tokens,
         "vllm_accepted_tokens": acc,
+        # The engine's time account over the cell (servers run by adaptspec's scheduler only):
+        # seconds per category, adaptspec/account.py.
+        **({"engine_s": engine_s} if (engine_s := _account_delta(sb, sa)) else {}),
         "classes": classes,
         # the hybrid's draft model, as the controller fitted it by the cell's end
         **({"draft_model_cost_ms": {k.removeprefix("draft_model_ms_"): v
                                     for k, v in sa.items() if k.startswith("draft_model_ms_")}}
            if any(k.startswith("draft_model_ms_") for k in sa) else {}),
     }
+
+
+def _account_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k.removeprefix("engine_s_"): after[k] - before.get(k, 0.0)
+            for k in after if k.startswith("engine_s_")}
+
+
+def account_table(summary: dict[str, dict[int, dict]]) -> str:
+    """Per server that kept the engine's time account and concurrency: its serving time (all
+    but idle) over the cell's wall time, and each category's share of that time ("" when no
+    server kept one)."""
+    from adaptspec.account import CATEGORIES
+
+    shown = [c for c in CATEGORIES if c != "idle"]
+    rows = []
+    for name, by_c in summary.items():
+        for c in sorted(by_c, key=int):
+            acct = by_c[c].get("engine_s")
+            if not acct:
+                continue
+            serving = sum(v for k, v in acct.items() if k != "idle")
+            share = "".join(f"{acct.get(k, 0.0) / serving if serving else 0.0:>13.1%}"
+                            for k in shown)
+            rows.append(f"{name:<18}{c:>4}{serving / by_c[c]['wall_s']:>14.3f}{share}")
+    if not rows:
+        return ""
+    head = (f"engine time account (adaptspec/account.py): serving time over wall time, and "
+            f"each category's share of it\n{'config':<18}{'c':>4}{'account/wall':>14}"
+            + "".join(f"{k:>13}" for k in shown))
+    return "\n".join([head, *rows])
 
 
 def check_greedy(cells: dict[str, dict[int, dict]], reference: str = "none"

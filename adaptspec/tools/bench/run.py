@@ -29,6 +29,7 @@ from adaptspec.serve import free_port
 from adaptspec.tools.bench import workload
 from adaptspec.tools.bench.cells import Sampler, run_cell
 from adaptspec.tools.bench.report import (
+    account_table,
     check_greedy,
     format_table,
     per_class_table,
@@ -165,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(per_class_table(summary, max(sizes.concurrency)))
     if table := proposer_table(summary):
+        print("\n" + table)
+    if table := account_table(summary):
         print("\n" + table)
     try:  # the simulator, fitted to what was just measured (adaptspec.tools.bench.calibrate)
         from adaptspec.tools.bench.calibrate import calibrate, format_report

@@ -92,7 +92,8 @@ def make_configs(draft: str, sizes: Sizes, self_draft: str | None = None) -> lis
                                           "num_speculative_tokens": k}, family="draft_model")
                 for k in sizes.draft_k]
 
-    out = [Config("none", None)]
+    # plain vLLM, run by adaptspec's scheduler for the engine's time account only
+    out = [Config("none", None, account=True)]
     out += [Config(f"vllm_ngram_k{k}", {**ngram, "num_speculative_tokens": k}, family="ngram")
             for k in sizes.ngram_k]
     out += vllm_draft("vllm_draft", draft)

@@ -3,11 +3,12 @@
 The cell of issue 34. The prompts are the repo's unseen chat set
 (adaptspec/tools/bench/prompts: writing, explanations, math, analysis, written for adaptspec
 and used to tune nothing), on the default model (Qwen2.5-Coder-0.5B-Instruct, float32 so greedy
-outputs can be compared), C at a time. The stream runs in slices of C requests, as `bench
-nopay` runs it (interleaved over fresh servers, the order rotating); every other slice carries
-one latency-critical request sent LC_OFFSET_S in, so each server serves the stream with and
-without latency-critical traffic, and each half is compared slice by slice with the same
-requests on plain decoding.
+outputs can be compared), C at a time by closed-loop clients. The stream runs in slices of 2C
+requests (two per client: with one, a slice waits for its slowest request and what speculation
+gains on the others is not seen), as `bench nopay` runs it (interleaved over fresh servers, the
+order rotating); every other slice carries one latency-critical request sent LC_OFFSET_S in,
+so each server serves the stream with and without latency-critical traffic, and each half is
+compared slice by slice with the same requests on plain decoding.
 
 Configurations: plain (`none_sync`, run by adaptspec's scheduler with nothing to decide, so that
 it keeps the engine's time account), vLLM's static n-gram at K = 2, 4 and 8 (lookup 2 to 4),
@@ -156,7 +157,8 @@ def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, An
 
 
 def run(args: argparse.Namespace) -> int:
-    main, lc = make_streams(args.requests, args.max_tokens, args.lc_tokens, args.concurrency)
+    size = args.slice_requests or 2 * args.concurrency
+    main, lc = make_streams(args.requests, args.max_tokens, args.lc_tokens, size)
     model, warmup, rendered = prepare(args.model, main, lc)
     names = set(args.configs or [c.name for c in CONFIGS]) | {PLAIN}
     configs = [c for c in CONFIGS if c.name in names]
@@ -172,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
             res = run_repeat(group, model, rendered, main, lc, warmup,
                              Path(args.policy or DEFAULT_POLICY).resolve(),
                              out_dir / "logs" / f"g{g}", i, args.concurrency,
-                             eager=not args.compiled)
+                             eager=not args.compiled, slice_requests=size)
             ref = res.pop(PLAIN)
             for r in res.values():
                 r["reference"] = {k: ref[k] for k in ("slice_wall_s", "lc_median_gap_ms")}
@@ -185,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
     errors = [e for rep in repeats for r in rep.values() for e in r["errors"]]
     result = {"model": model, "policy": str(args.policy or DEFAULT_POLICY),
               "prompts": load_unseen_chat()["source"], "concurrency": args.concurrency,
-              "requests": args.requests, "max_tokens": args.max_tokens,
+              "requests": args.requests, "slice_requests": size,
+              "max_tokens": args.max_tokens,
               "lc_tokens": args.lc_tokens, "lc_slices": lc_slices,
               "total_s": time.monotonic() - t_all, "verdict": verdict,
               "lc_gap_ms_plain": [median_gap_ms(rep[PLAIN]["lc_requests"]) for rep in repeats],
@@ -200,6 +203,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--slice-requests", type=int, default=None,
+                    help="requests per interleaved slice, served by --concurrency closed-loop "
+                         "clients (default: 2 x --concurrency: with one request per client a "
+                         "slice waits for its slowest request, and what speculation gains on "
+                         "the others is not seen)")
     ap.add_argument("--lc-tokens", type=int, default=16)
     ap.add_argument("--configs", nargs="+", default=None,
                     help="configurations (default: all); plain always runs")
