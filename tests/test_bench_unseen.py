@@ -68,3 +68,19 @@ def test_table_and_account_share() -> None:
     table = unseen.format_table([{"none_sync": plain, "adaptspec": a}],
                                 unseen.judge([{"none_sync": plain, "adaptspec": a}], lc))
     assert "0.985" in table and "50/20" in table and "1.111" in table
+
+
+def test_decode_rate_is_per_request_decoding_over_its_group_plain() -> None:
+    def req(times: list[float], tokens: list[int]) -> dict:
+        return {"chunk_times": times, "chunk_tokens": tokens}
+
+    # two requests: 4 + 2 tokens after the first, over 1.0 + 1.0 s of decoding
+    plain = {"requests": [req([0.5, 1.0, 1.5], [1, 2, 2]), req([0.2, 1.2], [1, 2]),
+                          req([0.3], [1])]}
+    assert unseen.decode_rate(plain) == pytest.approx(3.0)
+    assert unseen.decode_rate({"requests": [req([0.3], [1])]}) is None
+    fast = {"requests": [req([0.5, 1.0], [1, 3])], "reference": {"decode_rate": 2.0}}
+    rep = {unseen.PLAIN: plain, "adaptspec": fast}
+    assert unseen.decode_over_plain(rep, "adaptspec") == pytest.approx(3.0)  # 6 / 2
+    del fast["reference"]  # a run that kept no reference rate: the repeat's plain server
+    assert unseen.decode_over_plain(rep, "adaptspec") == pytest.approx(2.0)

@@ -122,6 +122,28 @@ def judge(repeats: list[dict[str, dict[str, Any]]], lc_slices: list[bool]) -> di
     return out
 
 
+def decode_rate(r: dict[str, Any]) -> float | None:
+    """Tokens each request got after its first over the time from its first chunk to its last,
+    summed over the server's requests: decode speed as a request sees it, which a slice's wall
+    time hides where the slice waits for its slowest request (None without requests)."""
+    tokens = span = 0.0
+    for q in r.get("requests", []):
+        t, k = q["chunk_times"], q["chunk_tokens"]
+        if len(t) > 1:
+            tokens += sum(k[1:])
+            span += t[-1] - t[0]
+    return tokens / span if span > 0 else None
+
+
+def decode_over_plain(rep: dict[str, dict[str, Any]], name: str) -> float | None:
+    """A configuration's decode_rate over its group's plain server's (the repeat's first plain
+    server where the group's was not kept)."""
+    r = rep[name]
+    mine = decode_rate(r)
+    ref = r.get("reference", {}).get("decode_rate") or decode_rate(rep[PLAIN])
+    return mine / ref if mine and ref else None
+
+
 def account_share(r: dict[str, Any]) -> float | None:
     """The engine's serving time (its account less idle) over the slices' wall time."""
     acct = r.get("engine_s") or {}
@@ -132,7 +154,8 @@ def account_share(r: dict[str, Any]) -> float | None:
 
 def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, Any]) -> str:
     lines = [f"{'config':<22}{'no LC x plain':>15}{'spread':>8}{'with LC x plain':>17}"
-             f"{'spread':>8}{'LC gap x plain':>16}{'drafts/acc':>12}{'account/wall':>14}"]
+             f"{'spread':>8}{'LC gap x plain':>16}{'decode x plain':>16}{'drafts/acc':>12}"
+             f"{'account/wall':>14}"]
     def cell(v: dict[str, Any], key: str, field: str, width: int) -> str:
         return f"{v[key][field]:>{width}.3f}" if key in v else f"{'-':>{width}}"
 
@@ -142,15 +165,20 @@ def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, An
         acc = statistics.median(rep[name]["vllm_accepted_tokens"] for rep in repeats)
         shares = [s for rep in repeats if (s := account_share(rep[name])) is not None]
         share = f"{statistics.median(shares):>14.3f}" if shares else f"{'-':>14}"
+        rates = [x for rep in repeats if name != PLAIN
+                 and (x := decode_over_plain(rep, name)) is not None]
+        rate = f"{statistics.median(rates):>16.3f}" if rates else f"{'-':>16}"
         lines.append(f"{name:<22}{cell(v, 'no_lc', 'median', 15)}"
                      f"{cell(v, 'no_lc', 'spread', 8)}{cell(v, 'with_lc', 'median', 17)}"
                      f"{cell(v, 'with_lc', 'spread', 8)}{cell(v, 'lc_gap', 'median', 16)}"
-                     f"{f'{drafts:.0f}/{acc:.0f}':>12}{share}")
+                     f"{rate}{f'{drafts:.0f}/{acc:.0f}':>12}{share}")
     for name, g in verdict.get("goals", {}).items():
         best = g["no_lc_over_best_static"]
         lines.append(f"{name}: no LC {'-' if best is None else f'{best:.3f}'}x the best static K "
                      f"(goal >= 1.00); with LC {g['with_lc_over_plain']:.3f}x plain (goal >= "
                      f"1.00), LC gap {g['lc_gap_over_plain']:.3f}x plain (goal <= 1.05)")
+    lines.append("decode x plain: tokens per second of decoding as each request sees it (first "
+                 "chunk to last), over plain's; median over repeats")
     lines.append("account/wall: the engine's serving time by its own account over the client's "
                  "wall time (goal: within 2%)")
     return "\n".join(lines)
@@ -178,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
             ref = res.pop(PLAIN)
             for r in res.values():
                 r["reference"] = {k: ref[k] for k in ("slice_wall_s", "lc_median_gap_ms")}
+                r["reference"]["decode_rate"] = decode_rate(ref)
             rep.setdefault(PLAIN, ref)  # the first group's, for the greedy gate and the table
             rep.update(res)
         repeats.append(rep)
