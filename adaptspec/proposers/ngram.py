@@ -1,12 +1,16 @@
 """Prompt-lookup (n-gram) drafting: continue the request the way it continued last time.
 
-The rule is vLLM's ngram proposer (``vllm/v1/spec_decode/ngram_proposer.py``): take the longest
-suffix n-gram of the sequence (``n`` from ``max_n`` down to ``min_n``) that occurred earlier,
-pick its most recent earlier occurrence and draft the tokens that followed it. What differs is the
-bookkeeping, because this runs in Python once per request per engine step: instead of scanning
-the sequence, each request keeps one dict per ``n`` from n-gram to the position after its latest
-occurrence, updated only for tokens the proposer has not seen, so a call costs
-O(new tokens + k), not O(sequence length).
+The rule is vLLM's ngram proposer (``vllm/v1/spec_decode/ngram_proposer.py``,
+``_find_longest_matched_ngram_and_propose_tokens``): take the longest suffix n-gram of the
+sequence (``n`` from ``max_n`` down to ``min_n``) that occurred earlier, pick its earliest
+occurrence and draft the tokens that followed it (the earliest has the longest continuation,
+often in the prompt; the most recent one, a few tokens back, often has one or two). Within
+``max_indexed_tokens`` the drafts are vLLM's (tests/test_proposers.py checks them against
+vLLM's function). What differs is the bookkeeping, because this runs in Python once per request
+per engine step: instead of scanning the sequence, each request keeps one dict per ``n`` from
+n-gram to the position after its earliest occurrence in the window (and the chain of its later
+occurrences, which take over when the window drops it), updated only for tokens the proposer has
+not seen, so a call costs O(new tokens + k), not O(sequence length).
 """
 
 from __future__ import annotations
@@ -24,18 +28,22 @@ class _NgramState:
     dropped from the tables); ends ``< nxt`` have been indexed.
     """
 
-    __slots__ = ("toks", "off", "win", "nxt", "tables", "draft", "draft_pos", "hits", "misses")
+    __slots__ = ("toks", "off", "win", "nxt", "tables", "later", "last", "draft", "draft_pos",
+                 "hits", "misses")
 
     def __init__(self, tokens: list[int], n_tables: int) -> None:
         self.toks = tokens
         self.off = 0
         self.win = 0
         self.nxt = 0
-        # tables[i] maps the hash of an n-gram (n = min_n + i) to the end of its latest
-        # occurrence, i.e. the position of the token that followed it. Hashes, not tuples, as
-        # keys: a third of the memory; a lookup checks the tokens, so a collision only costs a
-        # miss.
+        # tables[i] maps the hash of an n-gram (n = min_n + i) to the end of its earliest
+        # occurrence in the window, i.e. the position of the token that followed it. Hashes,
+        # not tuples, as keys: a third of the memory; a lookup checks the tokens, so a
+        # collision only costs a miss. later[i] chains each indexed end to the next occurrence
+        # of its n-gram, last[i] maps a hash to its latest end (where the chain grows).
         self.tables: list[dict[int, int]] = [{} for _ in range(n_tables)]
+        self.later: list[dict[int, int]] = [{} for _ in range(n_tables)]
+        self.last: list[dict[int, int]] = [{} for _ in range(n_tables)]
         self.draft: list[int] = []  # last draft, checked against the tokens that came next
         self.draft_pos = 0  # position its first token was meant for
         self.hits = 0.0  # decayed count of draft tokens that turned out right
@@ -171,7 +179,7 @@ class NgramProposer:
         if win > st.win:
             if win >= st.nxt:
                 # Everything indexed so far falls out of the window: start the tables afresh.
-                for table in st.tables:
+                for table in (*st.tables, *st.later, *st.last):
                     table.clear()
                 st.nxt = win
             else:
@@ -184,18 +192,30 @@ class NgramProposer:
         if start >= length:
             return
         toks, off, base = st.toks, st.off, st.win
-        for n, table in zip(self._ns, st.tables, strict=True):
+        for n, table, later, last in zip(self._ns, st.tables, st.later, st.last, strict=True):
             for end in range(max(start, base + n), length):
                 j = end - off
-                table[hash(tuple(toks[j - n : j]))] = end  # later ends overwrite: latest wins
+                key = hash(tuple(toks[j - n : j]))
+                prev = last.get(key)
+                if prev is None:
+                    table[key] = end  # the first in the window: the earliest
+                else:
+                    later[prev] = end
+                last[key] = end
         st.nxt = length
 
     def _evict(self, st: _NgramState, win: int) -> None:
-        """Drop table entries whose n-gram starts before ``win`` (unless a later one won)."""
+        """Drop the occurrences whose n-gram starts before ``win``: the next one of the same
+        n-gram becomes its earliest."""
         toks, off, old = st.toks, st.off, st.win
-        for n, table in zip(self._ns, st.tables, strict=True):
+        for n, table, later, last in zip(self._ns, st.tables, st.later, st.last, strict=True):
             for end in range(old + n, min(win + n, st.nxt)):
                 j = end - off
                 key = hash(tuple(toks[j - n : j]))
+                nxt = later.pop(end, None)
                 if table.get(key) == end:
-                    del table[key]
+                    if nxt is None:
+                        del table[key]
+                        last.pop(key, None)
+                    else:
+                        table[key] = nxt
