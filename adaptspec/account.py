@@ -51,10 +51,12 @@ def batch_bucket(batch: int) -> int:
     return batch if batch <= EXACT_BATCH_MAX else 1 << (batch - 1).bit_length()
 
 
-def verified_drafts(slots: Sequence[int]) -> int:
-    """A request's draft tokens in a step: -1 marks a slot invalidated by structured output,
-    never a real draft."""
-    return sum(1 for t in slots if t >= 0)
+def verified_drafts(slots: Sequence[int], invalid: int = 0) -> int:
+    """A request's draft tokens verified in a step, as vLLM counts them (its SpecDecodingStats):
+    the slots scheduled less the `invalid` ones structured output rejected
+    (`SchedulerOutput.num_invalid_spec_tokens`). A slot's value says nothing: under async
+    scheduling every slot is a -1 placeholder for a draft the worker holds."""
+    return max(len(slots) - int(invalid), 0)
 
 
 def carries_prefill(n_tokens: int, slots: Sequence[int]) -> bool:
@@ -69,10 +71,11 @@ def step_shape(scheduler_output: Any) -> dict[str, Any]:
     `EngineAccount.step_ended`)."""
     scheduled: Mapping[str, int] = scheduler_output.num_scheduled_tokens
     spec: Mapping[str, Sequence[int]] = scheduler_output.scheduled_spec_decode_tokens or {}
+    invalid: Mapping[str, int] = getattr(scheduler_output, "num_invalid_spec_tokens", None) or {}
     drafted, prefill = 0, False
     for req_id, n_tokens in scheduled.items():
         slots = spec.get(req_id) or ()
-        drafted += verified_drafts(slots)
+        drafted += verified_drafts(slots, invalid.get(req_id, 0))
         prefill = prefill or carries_prefill(n_tokens, slots)
     return {"batch": len(scheduled), "drafted": drafted, "prefill": prefill,
             "num_tokens": int(scheduler_output.total_num_scheduled_tokens)}

@@ -35,6 +35,9 @@ from adaptspec.policy import Policy, PolicyError, load_policy
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
 SCHEDULER_CLS = "adaptspec_vllm.scheduler.AdaptiveScheduler"
+# ... over vLLM's AsyncScheduler: the plugin resolves either name to the one for the engine's
+# scheduling mode (adaptspec_vllm.register)
+ASYNC_SCHEDULER_CLS = "adaptspec_vllm.scheduler.AdaptiveAsyncScheduler"
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # adaptspec_vllm.runner_choice.ENV
 POLICY_ENV = "ADAPTSPEC_POLICY"  # the plugin (adaptspec_vllm) reads its policy from it
 DRAFT_ENV = "ADAPTSPEC_DRAFT_MODEL"

@@ -128,10 +128,13 @@ def test_odd_input_never_raises_and_keeps_the_partition() -> None:
 
 
 def test_step_shape_reads_drafts_prefill_and_tokens_off_the_scheduler_output() -> None:
+    # c's slots are async scheduling's placeholders (-1): drafts all the same, as vLLM counts
     out = SimpleNamespace(num_scheduled_tokens={"a": 1, "b": 4, "c": 3},
-                          scheduled_spec_decode_tokens={"b": [5, 6, 7], "c": [-1, 9]},
+                          scheduled_spec_decode_tokens={"b": [5, 6, 7], "c": [-1, -1]},
                           total_num_scheduled_tokens=8)
-    assert step_shape(out) == {"batch": 3, "drafted": 4, "prefill": False, "num_tokens": 8}
+    assert step_shape(out) == {"batch": 3, "drafted": 5, "prefill": False, "num_tokens": 8}
+    out.num_invalid_spec_tokens = {"b": 2}  # structured output rejected two of b's drafts
+    assert step_shape(out)["drafted"] == 3
     out.num_scheduled_tokens["c"] = 30  # more than 1 + its 2 draft slots: a prefill chunk
     assert step_shape(out)["prefill"] is True
 

@@ -166,6 +166,14 @@ class _Spy:
         pass
 
 
+def _fake_vllm_schedule(monkeypatch: pytest.MonkeyPatch, scheduler: type, out: Any) -> None:
+    """vLLM's schedule() reduced to what the AdaptiveScheduler relies on: it ends by calling
+    _update_after_schedule on the step's output (vLLM's own part of that call is skipped)."""
+    monkeypatch.setattr(scheduler, "_update_after_schedule", lambda self, o: None)
+    monkeypatch.setattr(scheduler, "schedule",
+                        lambda self, *a, **k: (self._update_after_schedule(out), out)[1])
+
+
 def test_the_proposers_are_asked_for_the_plans_k(monkeypatch: pytest.MonkeyPatch,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     """The scheduler attaches the plan, and only it: our proposer is asked for each request's K
@@ -180,7 +188,7 @@ def test_the_proposers_are_asked_for_the_plans_k(monkeypatch: pytest.MonkeyPatch
     ids = ["c", "s", "i", "n"]
     out = SimpleNamespace(num_scheduled_tokens={r: 1 for r in ids},
                           num_spec_tokens_to_schedule=8)
-    monkeypatch.setattr(Scheduler, "schedule", lambda self, *a, **k: out)
+    _fake_vllm_schedule(monkeypatch, Scheduler, out)
     s = sched.AdaptiveScheduler.__new__(sched.AdaptiveScheduler)
     s.runtime = rt
     with caplog.at_level(logging.DEBUG, logger="vllm.adaptspec"):
@@ -213,7 +221,7 @@ def test_a_plain_plan_asks_vllms_proposers_for_nothing(monkeypatch: pytest.Monke
 
     rt = runtime()
     out = SimpleNamespace(num_scheduled_tokens={"i": 1}, num_spec_tokens_to_schedule=8)
-    monkeypatch.setattr(Scheduler, "schedule", lambda self, *a, **k: out)
+    _fake_vllm_schedule(monkeypatch, Scheduler, out)
     s = sched.AdaptiveScheduler.__new__(sched.AdaptiveScheduler)
     s.runtime = rt
     assert s.schedule().num_spec_tokens_to_schedule == 0

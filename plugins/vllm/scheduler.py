@@ -1,6 +1,10 @@
-"""AdaptiveScheduler: vLLM's V1 Scheduler with the adaptspec controller choosing K per request.
+"""AdaptiveScheduler: vLLM's Scheduler with the adaptspec controller choosing K per request.
 
-One engine step, in the order vLLM's EngineCore calls us (sync scheduling):
+One implementation (`_Adaptive`) over either of vLLM's schedulers: `AdaptiveScheduler` over
+`Scheduler` (synchronous scheduling) and `AdaptiveAsyncScheduler` over `AsyncScheduler`
+(asynchronous scheduling, vLLM's default on GPUs for EAGLE, MTP, draft_model and ngram_gpu,
+which a custom scheduler keeps only by deriving from AsyncScheduler). One engine step, in the
+order vLLM's EngineCore calls us (sync scheduling):
 
 1. ``schedule()``: vLLM picks the batch and moves each request's drafts into the step. We
    attach the plan in force (adaptspec/plan.py StepPlan: K, proposer and reason per scheduled
@@ -15,6 +19,13 @@ One engine step, in the order vLLM's EngineCore calls us (sync scheduling):
 4. ``update_draft_token_ids()``: the new drafts arrive and are cut to the plan's K (K = 0: plain
    decoding), then, where the proposer says how sure it is, perhaps shorter (Controller.cut).
    This works for every proposer method: ngram, draft_model, eagle, suffix, custom_class.
+
+Under async scheduling the drafts stay on the worker and each request holds placeholders
+(-1, vLLM's one shared list) for them: ``schedule()`` cuts each request's placeholders to its
+K before vLLM schedules the step, which sets how many of its drafts the step verifies (0: plain
+decoding), and the batch's draft depth is the plan's longest K as in sync mode. There is no
+``update_draft_token_ids`` (no confidence cut), and the feedback a decision rests on is a step
+older: the scheduler deciding step N has seen the outputs of step N - 2.
 
 Speculation on or off, each step also goes to the engine's time account (``account``,
 adaptspec/account.py): at the very start of ``schedule()`` and the very end of
@@ -47,8 +58,9 @@ from adaptspec.metrics import Metrics
 from adaptspec.plan import DRAFT_REPORT_ATTR, DraftReport
 from adaptspec.policy import PolicyError, load_policy
 from adaptspec.runtime import AdaptiveRuntime
-from adaptspec.serve import POLICY_ENV
+from adaptspec.serve import ASYNC_SCHEDULER_CLS, POLICY_ENV
 from vllm.logger import init_logger
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 log = init_logger("vllm.adaptspec")
@@ -57,21 +69,27 @@ def policy_source() -> str | None:
     return os.environ.get(POLICY_ENV) or None
 
 
-class AdaptiveScheduler(Scheduler):
-    """Scheduler subclass; `runtime` is None when speculation is off (then it is vLLM's own).
+class _Adaptive:
+    """What adaptspec adds to a vLLM scheduler (a mixin before Scheduler or AsyncScheduler in
+    the bases); `runtime` is None when speculation is off (then it is vLLM's own).
 
     `account` (adaptspec/account.py) partitions the engine's time into categories whether or
     not speculation is on, so a plain server started with this scheduler accounts its time too.
     """
 
+    # (vLLM's scheduler attributes this mixin reads, for the type checker)
+    requests: dict[str, Any]
+    running: list[Any]
+
     _accounting = False  # (set by __init__; an instance built otherwise accounts nothing)
+    _async = False  # over vLLM's AsyncScheduler (set by __init__)
     _last_update: float | None = None  # when the last update_from_output began
     _busy = False  # requests were left unfinished after the last update
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         check_version()
         touchpoints.check("scheduler")
-        super().__init__(vllm_config, *args, **kwargs)
+        super().__init__(vllm_config, *args, **kwargs)  # type: ignore[call-arg]
         self.runtime: AdaptiveRuntime | None = None
         self._step_start: float | None = None
         # Which proposer drafted each request's pending drafts (a hybrid server's sources).
@@ -90,11 +108,12 @@ class AdaptiveScheduler(Scheduler):
             log.warning("adaptspec: no speculative decoding configured; the scheduler is vLLM's")
             return
         runner_choice.check(vllm_config)
-        if vllm_config.scheduler_config.async_scheduling:
+        self._async = isinstance(self, AsyncScheduler)
+        if vllm_config.scheduler_config.async_scheduling and not self._async:
             raise RuntimeError(
-                "adaptspec needs synchronous scheduling (it sets K between steps); start vLLM "
-                "with --no-async-scheduling"
-            )
+                "adaptspec: async scheduling is on but the scheduler class is the synchronous "
+                f"one; use --scheduler-cls {ASYNC_SCHEDULER_CLS} (the plugin's default under "
+                "async scheduling) or --no-async-scheduling")
         from adaptspec.policy import Policy
 
         source = policy_source()
@@ -148,24 +167,47 @@ class AdaptiveScheduler(Scheduler):
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         self._account()
-        out = super().schedule(*args, **kwargs)
+        rt = self.runtime
+        if rt is not None and self._async:
+            self._cut_placeholders(rt)
+        out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        if rt is not None:
+            self._step_start = time.perf_counter()
+        return out
+
+    def _update_after_schedule(self, scheduler_output: Any) -> None:
+        # The last thing vLLM's schedule() does, in both its schedulers; under async
+        # scheduling AsyncScheduler's makes the next step's draft placeholders from the depth
+        # set here, so the plan goes in first.
         rt = self.runtime
         if rt is not None:
             # Every scheduled request's K, a new one's too (its prefill step drafts), from the
             # one owner of K; read by the proposer wrapper on the worker (same process, or
             # pickled with the SchedulerOutput).
-            plan = rt.plan_for(list(out.num_scheduled_tokens))
-            out.adaptspec_plan = plan
+            plan = rt.plan_for(list(scheduler_output.num_scheduled_tokens))
+            scheduler_output.adaptspec_plan = plan
             # vLLM's own proposers (ngram, draft_model, eagle) draft num_spec_tokens_to_schedule
             # tokens for the whole batch (the field vLLM's batch-size schedule sets): the plan's
             # longest K, so a batch the controller keeps plain pays for no draft passes (a draft
             # model still runs its first pass, which keeps its KV cache in step; vLLM's Dynamic
             # SD relies on the same), never more than vLLM was configured for.
-            out.num_spec_tokens_to_schedule = min(plan.depth(), out.num_spec_tokens_to_schedule)
+            scheduler_output.num_spec_tokens_to_schedule = min(
+                plan.depth(), scheduler_output.num_spec_tokens_to_schedule)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("adaptspec plan: %s", plan.describe(rt.proposers))
-            self._step_start = time.perf_counter()
-        return out
+        super()._update_after_schedule(scheduler_output)  # type: ignore[misc]
+
+    def _cut_placeholders(self, rt: AdaptiveRuntime) -> None:
+        """Async scheduling: each running request's draft placeholders cut to its K in the plan
+        in force, so the step verifies that many of the drafts the worker holds. A new list per
+        request (vLLM shares one placeholder list among all requests)."""
+        waiting = [r for r in self.running if r.spec_token_ids]
+        if not waiting:
+            return
+        plan = rt.plan_for([r.request_id for r in waiting])
+        for request, k in zip(waiting, plan.k.tolist(), strict=True):
+            if len(request.spec_token_ids) > k:
+                request.spec_token_ids = request.spec_token_ids[:k]
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         if self.runtime is None:
@@ -275,6 +317,14 @@ class AdaptiveScheduler(Scheduler):
         super().shutdown()
 
 
+class AdaptiveScheduler(_Adaptive, Scheduler):
+    """adaptspec over vLLM's synchronous Scheduler."""
+
+
+class AdaptiveAsyncScheduler(_Adaptive, AsyncScheduler):
+    """adaptspec over vLLM's AsyncScheduler (async scheduling)."""
+
+
 def _feedback(scheduler_output: Any, model_runner_output: Any, live: Any = None
               ) -> tuple[list[str], list[int], list[int], bool]:
     """Per request that produced tokens this step: drafted and accepted counts.
@@ -284,6 +334,7 @@ def _feedback(scheduler_output: Any, model_runner_output: Any, live: Any = None
     name requests that are already gone; feeding them back would register them again.
     """
     spec = scheduler_output.scheduled_spec_decode_tokens
+    invalid = getattr(scheduler_output, "num_invalid_spec_tokens", None) or {}
     sampled = model_runner_output.sampled_token_ids
     index = model_runner_output.req_id_to_index
     req_ids: list[str] = []
@@ -292,7 +343,7 @@ def _feedback(scheduler_output: Any, model_runner_output: Any, live: Any = None
     pure_decode = True
     for req_id, n_tokens in scheduler_output.num_scheduled_tokens.items():
         drafts = spec.get(req_id) or ()
-        d = verified_drafts(drafts)
+        d = verified_drafts(drafts, invalid.get(req_id, 0))
         if carries_prefill(n_tokens, drafts):
             pure_decode = False
         i = index.get(req_id)

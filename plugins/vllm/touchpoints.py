@@ -52,10 +52,16 @@ TOUCH_POINTS: dict[str, tuple[TouchPoint, ...]] = {
                    source=("envs.VLLM_USE_V2_MODEL_RUNNER",)),
     ),
     "scheduler": (
-        TouchPoint(SCHED, fields=("requests",)),
+        TouchPoint(SCHED, fields=("requests", "running")),
         TouchPoint(SCHED + ".add_request", ("request",)),
         TouchPoint(SCHED + "._free_request", ("request",)),
-        TouchPoint(SCHED + ".schedule"),
+        TouchPoint(SCHED + ".schedule", source=("self._update_after_schedule(scheduler_output)",)),
+        # the plan goes on the step's output here, before AsyncScheduler makes the next step's
+        # draft placeholders from its depth
+        TouchPoint(SCHED + "._update_after_schedule", ("scheduler_output",)),
+        TouchPoint("vllm.v1.core.sched.async_scheduler:AsyncScheduler._update_after_schedule",
+                   ("scheduler_output",), source=(
+                       "request.spec_token_ids=self._spec_token_placeholders",)),
         TouchPoint(SCHED + ".update_from_output", ("scheduler_output", "model_runner_output")),
         TouchPoint(SCHED + ".update_draft_token_ids", ("draft_token_ids",)),
         TouchPoint(SCHED + ".shutdown"),
@@ -67,7 +73,8 @@ TOUCH_POINTS: dict[str, tuple[TouchPoint, ...]] = {
         TouchPoint("vllm.sampling_params:SamplingParams", fields=("extra_args",)),
         TouchPoint("vllm.v1.core.sched.output:SchedulerOutput",
                    fields=("num_scheduled_tokens", "scheduled_spec_decode_tokens",
-                           "num_spec_tokens_to_schedule", "total_num_scheduled_tokens")),
+                           "num_spec_tokens_to_schedule", "total_num_scheduled_tokens",
+                           "num_invalid_spec_tokens")),
         TouchPoint("vllm.v1.outputs:ModelRunnerOutput",
                    fields=("sampled_token_ids", "req_id_to_index")),
         TouchPoint("vllm.v1.outputs:DraftTokenIds", fields=("req_ids", "draft_token_ids")),
