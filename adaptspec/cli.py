@@ -30,7 +30,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
     result = run_simulation(
         policy, args.workload, preset=args.preset, seed=args.seed, quick=args.quick,
-        progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+        progress=lambda msg: print(msg, file=sys.stderr, flush=True), lag=args.lag,
     )
     print(format_table(result))
     _write_json(args.json, result)
@@ -132,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="step-time model of the simulated engine (default: the policy's)")
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--quick", action="store_true", help="fewer loads and requests")
+    sim.add_argument("--lag", type=int, default=None,
+                     help="feed the controller by request id, as the plugin does, each step's "
+                          "feedback this many steps late beyond the next step (vLLM's async "
+                          "scheduling: 1)")
     sim.add_argument("--json", default=None, help="write the result here")
     sim.set_defaults(func=cmd_simulate)
 

@@ -47,6 +47,9 @@ class Controller(Learner):
         self.held = False  # the guard held the last step plain: so are new requests
         # Admitted, not yet fed back: request -> (class name, first proposer)
         self._new: dict[str, tuple[str, int]] = {}
+        # Per class name: the longest K its requests got at the class's last decision, what a
+        # new request of the class is planned with until its own first feedback (see plan_for).
+        self.class_k: dict[str, int] = {}
 
     def admit(self, req_id: str, class_name: str) -> None:
         """A new request of a class: until its first feedback it is planned by the new-request
@@ -131,7 +134,7 @@ class Controller(Learner):
     def _new_plan(self, class_name: str) -> tuple[int, int]:
         """K and reason of a request not fed back yet (see plan_for)."""
         k, reason = self._new_request_k(class_name)
-        if self.held and k:
+        if self.held and reason == why.CODE[why.NEW_REQUEST]:
             return 0, why.CODE[why.GUARD_HOLD]
         return k, reason
 
@@ -152,6 +155,7 @@ class Controller(Learner):
                 # (the metrics and the step-time model see what was verified).
                 learned = np.where(np.asarray(missed, dtype=bool) & (drafted == 0), 1, drafted)
             ks, reasons = self._step(slots, learned, accepted, step_time_s, src, drafted)
+            self._note_class_k(slots, ks)  # (what was decided, before a guard's hold)
             if not allow:
                 reasons = np.where(ks > 0, why.CODE[why.GUARD_HOLD], reasons)
                 ks = np.zeros_like(ks)
@@ -194,15 +198,31 @@ class Controller(Learner):
     def fallback_k(self, class_name: str) -> int:
         """The policy's fallback K for a class: within its k_max (0 for a latency-critical
         class: that promise does not depend on the model) and the engine's cap."""
-        return min(self.policy.fallback_k, self._new_request_k(class_name)[0])
+        p = self.policy
+        settings = class_name if class_name in p.classes else p.default_class
+        if p.classes[settings].latency_critical:
+            return 0
+        return min(p.fallback_k, p.class_k_max(settings), self.k_cap)
+
+    def _note_class_k(self, slots: np.ndarray, ks: np.ndarray) -> None:
+        cls = self.req_class[slots]
+        longest = np.full(len(self.class_names), -1, dtype=np.int64)
+        np.maximum.at(longest, cls, ks)
+        for c in np.flatnonzero(longest >= 0).tolist():
+            self.class_k[self.class_names[c]] = int(longest[c])
 
     def _new_request_k(self, class_name: str) -> tuple[int, int]:
-        """K and reason code of a request not decided yet: its class's k_max within the cap."""
+        """K and reason code of a request not decided yet: what its class's requests got at the
+        class's last decision, or before any its k_max, within the cap. A request is planned so
+        for the step that prefills it (which proposes its first drafts), and under async
+        scheduling also for its first decode, scheduled before the prefill's feedback: drafting
+        the class's k_max there would cost what the class's decisions had stopped paying."""
         p = self.policy
         settings = class_name if class_name in p.classes else p.default_class
         if p.classes[settings].latency_critical:
             return 0, why.CODE[why.LATENCY_CRITICAL]
-        return min(p.class_k_max(settings), self.k_cap), why.CODE[why.NEW_REQUEST]
+        k = min(p.class_k_max(settings), self.k_cap)
+        return min(k, self.class_k.get(class_name, k)), why.CODE[why.NEW_REQUEST]
 
     def _class_name_of(self, req_id: str) -> str:
         slot = self._slot_of.get(req_id)

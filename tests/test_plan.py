@@ -51,6 +51,20 @@ def test_new_requests_are_planned_by_their_class() -> None:
     assert reasons(rt) == ["new_request", "new_request", "latency_critical"]
 
 
+def test_a_new_request_gets_what_its_class_got_last() -> None:
+    """Before any decision a new request gets its class's k_max; once the class has been
+    decided, the longest K its requests got then (under async scheduling this K is also
+    verified at the request's first decode, scheduled before its prefill's feedback)."""
+    rt = runtime(k_cap=6)
+    assert rt.k_for("c") == 6
+    rt.step(list("csi"), [0, 0, 0], [0, 0, 0], 0.01)
+    assert rt.k_for("c") == 6 and reasons(rt, "c") == ["engine_cap"]
+    rt.admit("n", RequestInfo(extra_args={"adaptspec_class": "code"}))
+    assert rt.k_for("n") == 6  # (the class's decision, 8, within the engine's cap)
+    rt.controller.class_k["code"] = 3  # the class's requests got 3 at its last decision
+    assert rt.k_for("n") == 3 and reasons(rt, "n") == ["new_request"]
+
+
 def test_learned_class_cap_and_latency_critical() -> None:
     rt = runtime()
     rt.step(list("csi"), [0, 0, 0], [0, 0, 0], 0.01)

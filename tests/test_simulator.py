@@ -240,3 +240,27 @@ def test_a_per_position_prior_is_what_the_controller_plans_with() -> None:
 
     flat, shaped = first_k(0.3), first_k([0.3] + [0.9] * 7)
     assert flat <= 2 and shaped >= 5, (flat, shaped)
+
+
+def test_lagged_feedback_reaches_the_controller_late(policy: Policy,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The request-id path the plugin takes: with no lag it decides exactly as the slot path;
+    with lag L each step's feedback reaches the controller L steps after the next decision
+    (vLLM's async scheduling: L = 1)."""
+    from adaptspec.controller import Controller
+
+    base = run_simulation(policy, "code", preset="gpu", quick=True, loads=[16])
+    same = run_simulation(policy, "code", preset="gpu", quick=True, loads=[16], lag=0)
+    assert same["policies"]["adaptive"] == base["policies"]["adaptive"]
+    fed: list[int] = []
+    plan = Controller.plan
+
+    def spy(self: Controller, fb: Any) -> Any:
+        fed.append(len(fed))
+        return plan(self, fb)
+
+    monkeypatch.setattr(Controller, "plan", spy)
+    lagged = run_simulation(policy, "code", preset="gpu", quick=True, loads=[16], lag=2)
+    steps = lagged["policies"]["adaptive"]["16"]["steps"]
+    assert len(fed) == steps - 2  # the last two steps' feedback was still on its way
+    assert lagged["lag"] == 2

@@ -243,13 +243,16 @@ def run_simulation(policy: Policy, workload: str = "mixed", *, preset: str | Non
                    seed: int = 0, quick: bool = False,
                    progress: Callable[[str], None] | None = None,
                    loads: Iterable[int] | None = None,
-                   controller_prior: str = "engine") -> dict[str, Any]:
+                   controller_prior: str = "engine", lag: int | None = None
+                   ) -> dict[str, Any]:
     """Simulate every policy at every load on `workload`; returns a JSON-serialisable dict.
 
     preset: the engine's step-time preset ("cpu", "gpu"; None: the policy's cost model).
     controller_prior: "engine" (the controller's cost prior is that preset) or "policy" (the
     policy's prior as written). quick: fewer requests per load (and oracle candidates).
     loads: concurrencies to simulate (default LOADS). progress: called with a line per load.
+    lag: None, or requests fed to the controller by id as the plugin does, their feedback `lag`
+    steps late beyond the next step's (async scheduling: 1; see engine.Adaptive).
 
     Keys: workload, preset, engine_cost_model, controller_prior, seed, quick, loads, classes,
     latency_critical_classes, policies[name][load] (tokens_per_s, itl_ms[class] {mean, p99},
@@ -293,7 +296,7 @@ def run_simulation(policy: Policy, workload: str = "mixed", *, preset: str | Non
         load = Load(stream, conc, n_done, cost, noise, critical)
         statics = {k: load.fixed(np.full(len(names), k)) for k in (0, *STATIC_KS)}
         runs = {"none" if k == 0 else f"static_{k}": st for k, st in statics.items()}
-        runs["adaptive"] = load.run(Adaptive(ctl_policy, stream, conc, seed))
+        runs["adaptive"] = load.run(Adaptive(ctl_policy, stream, conc, seed, lag=lag))
         runs["oracle"], oracle_k[str(conc)] = oracle(load, policy, statics, n_candidates)
         for name, st in runs.items():
             results.setdefault(name, {})[conc] = st
@@ -319,6 +322,7 @@ def run_simulation(policy: Policy, workload: str = "mixed", *, preset: str | Non
         "engine_cost_model": cost.model_dump(mode="json"),
         "controller_prior": ctl_policy.cost_model.preset,
         "seed": seed,
+        "lag": lag,
         "quick": quick,
         "loads": load_list,
         "classes": [{**asdict(c), "positions": list(c.positions)} for c in classes],

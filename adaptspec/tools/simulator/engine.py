@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from adaptspec.controller import Controller
+from adaptspec.plan import StepFeedback
 from adaptspec.policy import CostModel, Policy
 from adaptspec.tools.simulator.stream import Proposers, Stream
 
@@ -94,7 +96,8 @@ class Adaptive:
     read by `simulate`), learns per proposer from what each drafted, and is told each step what
     a model proposer's passes cost, as the plugin's worker tells it."""
 
-    def __init__(self, policy: Policy, stream: Stream, concurrency: int, seed: int) -> None:
+    def __init__(self, policy: Policy, stream: Stream, concurrency: int, seed: int,
+                 lag: int | None = None) -> None:
         names = stream.proposers.names if stream.proposers is not None else ("ngram",)
         self.ctl = Controller(policy, seed=seed, proposers=names)
         self.names = stream.names
@@ -102,18 +105,47 @@ class Adaptive:
         self.slots = np.zeros(concurrency, dtype=np.int64)
         self.chosen: np.ndarray | None = (None if stream.proposers is None
                                           else np.zeros(concurrency, dtype=np.int64))
+        # lag (not None): requests go the plugin's way, by id (admitted, planned by the
+        # new-request rule until their first feedback arrives), and each step's feedback
+        # reaches the controller `lag` steps after the next decision (async scheduling: the
+        # scheduler deciding step N has seen up to N - 2, lag 1; see lagged_choice).
+        if lag is not None and self.chosen is not None:
+            raise ValueError("lagged feedback is simulated for one proposer only")
+        self.lag = lag
+        self.pending: deque[tuple[list[str], np.ndarray, np.ndarray, float | None]] = deque()
+        self.live: set[str] = set()
 
     def admit(self, positions: np.ndarray, reqs: np.ndarray) -> None:
         for p, r in zip(positions.tolist(), reqs.tolist(), strict=True):
-            self.slots[p] = self.ctl.add_request(f"r{r}", self.names[self.cls[r]])
+            if self.lag is not None:
+                self.ctl.admit(f"r{r}", self.names[self.cls[r]])
+                self.live.add(f"r{r}")
+            else:
+                self.slots[p] = self.ctl.add_request(f"r{r}", self.names[self.cls[r]])
 
     def retire(self, reqs: np.ndarray) -> None:
         for r in reqs.tolist():
             self.ctl.remove_request(f"r{r}")
+            self.live.discard(f"r{r}")
+
+    def lagged_choice(self, reqs: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
+                      t: float | None) -> np.ndarray:
+        """K for the next step from the feedback of `lag` steps before the last one (that of
+        requests since finished is dropped, as the plugin drops it), the engine's order."""
+        names = [f"r{r}" for r in reqs.tolist()]
+        self.pending.append((names, np.asarray(drafted).copy(), np.asarray(accepted).copy(), t))
+        if len(self.pending) > self.lag:
+            ids, d, a, step_t = self.pending.popleft()
+            keep = [i for i, r in enumerate(ids) if r in self.live]
+            if keep:
+                self.ctl.plan(StepFeedback([ids[i] for i in keep], d[keep], a[keep], step_t))
+        return self.ctl.plan_for(names).k
 
     def choose(self, reqs: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
                last_ms: float | None) -> np.ndarray:
         t = None if last_ms is None else last_ms / 1e3
+        if self.lag is not None:
+            return self.lagged_choice(reqs, drafted, accepted, t)
         if self.chosen is None:
             return self.ctl.step(self.slots, drafted, accepted, t)
         ks = self.ctl.step(self.slots, drafted, accepted, t, sources=self.chosen)
