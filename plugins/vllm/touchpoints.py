@@ -47,7 +47,7 @@ TOUCH_POINTS: dict[str, tuple[TouchPoint, ...]] = {
         TouchPoint("vllm.config.scheduler:SchedulerConfig",
                    fields=("scheduler_cls", "async_scheduling")),
         TouchPoint("vllm.config.scheduler:SchedulerConfig.get_scheduler_cls"),
-        # runner_choice.py: adaptspec runs on the V1 model runner, chosen by this variable
+        # runner_choice.py: the runner vLLM chose (this variable decides when set)
         TouchPoint("vllm.config:VllmConfig.use_v2_model_runner",
                    source=("envs.VLLM_USE_V2_MODEL_RUNNER",)),
     ),

@@ -172,7 +172,7 @@ class Server:
         cmd = server_command(model, args, adaptive=cfg.adaptive or cfg.account)
         # the plugin's variables only where this configuration sets them, never inherited
         base = {k: v for k, v in os.environ.items() if k not in (POLICY_ENV, DRAFT_ENV)}
-        env = server_env({**base, **cfg.env}, adaptive=cfg.adaptive,
+        env = server_env({**base, **cfg.env},
                          policy=str(policy) if cfg.adaptive else None)
         self.prom_dir = tempfile.mkdtemp(prefix="adaptspec-bench-prom-")
         env["PROMETHEUS_MULTIPROC_DIR"] = self.prom_dir
