@@ -130,6 +130,24 @@ def test_v2_drafts_to_the_depth_the_scheduler_sets(wheel_033: Path) -> None:
     assert "scheduler_output.num_spec_tokens_to_schedule" in tree.code(*runner)
 
 
+def test_vllms_adaptive_verification_works_within_adaptspecs_k(wheel_033: Path) -> None:
+    """0.33.0's adaptive verification (V2, opt-in) admits draft slots only among each request's
+    scheduled drafts: adaptspec's K per request (0 for latency-critical requests) is the upper
+    bound of what vLLM then verifies."""
+    from adaptspec_vllm.contract import SourceTree
+
+    tree = SourceTree(wheel_033)
+    module = "vllm.v1.worker.gpu.spec_decode.adaptive_verification"
+    budget = tree.resolve(f"{module}:AdaptiveVerificationManager.get_num_tokens")
+    assign = tree.resolve(f"{module}:_assign_draft_token_budget")
+    assert budget is not None and assign is not None
+    code = tree.code(*budget).replace(" ", "")
+    assert "len(draft_tokens.get(req_id,()))" in code  # each request's scheduled drafts
+    assert "valid=steps[None,:]<scheduled_drafts[:,None]" in code
+    assert "min(\nint(scheduled_drafts.sum())," in code  # the batch budget: at most their sum
+    assert "steps[None, :] >= capacities[:, None]" in tree.code(*assign)
+
+
 def test_the_engine_core_takes_vllms_runner_and_refuses_our_proposers_on_v2(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """`check` on vLLM's own `use_v2_model_runner` (the installed version's property, which
