@@ -194,3 +194,18 @@ def test_configs_cover_none_static_and_adaptive() -> None:
                                                "num_speculative_tokens": 2}
     assert selfd["vllm_draft_k2"].spec["model"] == "/draft"
     assert selfd["adaptspec_hybrid_selfdraft"].env == {"ADAPTSPEC_DRAFT_MODEL": "/self"}
+
+
+def test_the_gpu_comparison_keeps_vllms_modes_and_composes_with_adaptive_verification() -> None:
+    cfgs = {c.name: c for c in servers.gpu_configs("/head", k=3)}
+    assert list(cfgs) == ["none", "vllm_eagle3_k3", "vllm_eagle3_dynamic",
+                          "vllm_eagle3_adaptive_verification", "adaptspec_eagle3",
+                          "adaptspec_eagle3_adaptive_verification"]
+    assert not any(c.sync for c in cfgs.values())  # vLLM's async scheduling stays on
+    assert cfgs["adaptspec_eagle3"].spec == {"method": "eagle3", "model": "/head",
+                                             "num_speculative_tokens": 3}
+    both = cfgs["adaptspec_eagle3_adaptive_verification"]
+    assert both.adaptive and both.spec["enable_adaptive_verification"] is True
+    assert both.policy == {"cost_model": {"preset": "gpu"}}
+    assert cfgs["vllm_eagle3_dynamic"].spec["num_speculative_tokens_per_batch_size"][0] == \
+        [1, 8, 3]

@@ -41,10 +41,12 @@ from adaptspec.tools.bench.report import (
 from adaptspec.tools.bench.servers import (
     BENCH_POLICY,
     FULL,
+    GPU,
     OPT_IN,
     QUICK,
     Config,
     Server,
+    gpu_configs,
     make_configs,
     policy_for,
 )
@@ -65,14 +67,24 @@ def _models(quick: bool, target: str | None, draft: str | None) -> tuple[str, st
 
 
 def run(args: argparse.Namespace) -> int:
-    sizes = QUICK if args.quick else FULL
+    if args.gpu and not args.eagle3:
+        print("adaptspec bench --gpu needs --eagle3 HEAD (and --target)", file=sys.stderr)
+        return 2
+    sizes = GPU if args.gpu else QUICK if args.quick else FULL
     if args.concurrency:
         sizes.concurrency = tuple(args.concurrency)
     if args.requests:
         sizes.requests = {c: args.requests * c if c > 1 else args.requests
                           for c in sizes.concurrency}
-    target, draft, label = _models(args.quick, args.target, args.draft)
-    configs = make_configs(draft, sizes, args.self_draft)
+    if args.gpu:
+        if not args.target:
+            print("adaptspec bench --gpu needs --target MODEL", file=sys.stderr)
+            return 2
+        target, draft, label = args.target, args.eagle3, Path(args.target).name + " + EAGLE-3"
+    else:
+        target, draft, label = _models(args.quick, args.target, args.draft)
+    configs = (gpu_configs(args.eagle3) if args.gpu
+               else make_configs(draft, sizes, args.self_draft))
     if args.configs and "none_sync" in args.configs:
         # Plain decoding under the synchronous scheduling adaptspec runs with: what async
         # scheduling alone is worth on this machine.
@@ -118,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{cfg.name}] starting server", file=sys.stderr, flush=True)
         server = Server(cfg, target, free_port(), sizes,
                         policy_for(cfg, Path(args.policy).resolve(), logs),
-                        logs / f"{cfg.name}.log", args.dtype)
+                        logs / f"{cfg.name}.log", args.dtype, eager=not args.gpu)
         try:
             starts[cfg.name] = server.wait_ready()
             run_cell(server, warmup, rendered, 2, f"{cfg.name} warm-up")
@@ -200,6 +212,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--self-draft", default=None, metavar="DIR",
                     help="a self-draft of the target (`adaptspec models self-draft`): adds "
                          "vllm_selfdraft_k* and adaptspec_hybrid_selfdraft beside the sibling")
+    ap.add_argument("--gpu", action="store_true",
+                    help="one GPU with vLLM 0.33 (docs/gpu-runbook.md): --target and its "
+                         "--eagle3 head; plain vs EAGLE-3 static, Dynamic SD, adaptive "
+                         "verification vs adaptspec over EAGLE-3; compiled, CUDA graphs")
+    ap.add_argument("--eagle3", default=None, metavar="HEAD", help="the target's EAGLE-3 head")
     ap.add_argument("--policy", default=str(BENCH_POLICY), help="adaptspec policy")
     ap.add_argument("--concurrency", type=int, nargs="+", default=None)
     ap.add_argument("--requests", type=int, default=None,

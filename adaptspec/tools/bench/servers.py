@@ -42,8 +42,8 @@ class Config:
     name: str
     spec: dict[str, Any] | None
     adaptive: bool = False
-    family: str = "none"  # none | ngram | draft_model | ours
-    sync: bool = False  # --no-async-scheduling (adaptspec needs it; vLLM's default is async)
+    family: str = "none"  # none | ngram | draft_model | ours | eagle
+    sync: bool = False  # --no-async-scheduling (vLLM's default is async where it allows it)
     env: dict[str, str] = field(default_factory=dict)  # the server's extra environment
     # Policy keys set on top of the run's policy (see policy_for); "classes": {"*": {...}}
     # sets those fields in every class.
@@ -78,6 +78,33 @@ FULL = Sizes(concurrency=(1, 4, 16), requests={1: 8, 4: 8, 16: 24}, max_tokens=3
              interactive_tokens=16, excerpt_chars=400, max_model_len=2048)
 QUICK = Sizes(concurrency=(1, 4, 16), requests={1: 8, 4: 16, 16: 32}, max_tokens=48,
               interactive_tokens=24, excerpt_chars=500, max_model_len=1024)
+
+
+# One GPU (`adaptspec bench run --gpu`, docs/gpu-runbook.md): an 8B-class target with its
+# EAGLE-3 head, loads from one request to a batch where verification is no longer free.
+GPU = Sizes(concurrency=(1, 8, 32, 128), requests={1: 16, 8: 64, 32: 128, 128: 256},
+            max_tokens=256, interactive_tokens=64, excerpt_chars=2000, max_model_len=4096)
+# vLLM's Dynamic SD for the GPU comparison: K by batch size, as its docs' example sizes it.
+DYNAMIC_SD = [[1, 8, 3], [9, 32, 2], [33, 128, 1], [129, 1024, 0]]
+
+
+def gpu_configs(eagle3: str, k: int = 3) -> list[Config]:
+    """One GPU's comparison: plain vLLM; EAGLE-3 at a static K, under vLLM's Dynamic SD and
+    under its adaptive verification; adaptspec over EAGLE-3, with and without vLLM's adaptive
+    verification within its K. vLLM keeps its own runner (V2) and scheduling (async) in all."""
+    eagle = {"method": "eagle3", "model": eagle3, "num_speculative_tokens": k}
+    adaptive_verification = {**eagle, "enable_adaptive_verification": True}
+    on_gpu = {"cost_model": {"preset": "gpu"}}  # the step-time prior, learned online from there
+    return [
+        Config("none", None),
+        Config(f"vllm_eagle3_k{k}", eagle, family="eagle"),
+        Config("vllm_eagle3_dynamic", {**eagle, "num_speculative_tokens_per_batch_size":
+                                       DYNAMIC_SD}, family="eagle"),
+        Config("vllm_eagle3_adaptive_verification", adaptive_verification, family="eagle"),
+        Config("adaptspec_eagle3", eagle, adaptive=True, family="eagle", policy=on_gpu),
+        Config("adaptspec_eagle3_adaptive_verification", adaptive_verification, adaptive=True,
+               family="eagle", policy=on_gpu),
+    ]
 
 
 def make_configs(draft: str, sizes: Sizes, self_draft: str | None = None) -> list[Config]:
@@ -167,7 +194,7 @@ class Server:
             args.append("--enforce-eager")
         if cfg.spec is not None:
             args += ["--speculative-config", json.dumps(cfg.spec)]
-        if cfg.adaptive or cfg.sync:
+        if cfg.sync:
             args += ["--no-async-scheduling"]
         cmd = server_command(model, args, adaptive=cfg.adaptive or cfg.account)
         # the plugin's variables only where this configuration sets them, never inherited
