@@ -32,6 +32,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,21 @@ def make_streams(n: int, max_tokens: int, lc_tokens: int, slice_requests: int
                          prompt=quick[j % len(quick)], max_tokens=lc_tokens, temperature=0.0,
                          seed=1000 + j) if j % 2 else None for j in range(n_slices)]
     return main, lc
+
+
+def chosen(names: list[str] | None) -> list[Config]:
+    """The configurations named (default: all), plain always."""
+    keep = set(names or [c.name for c in CONFIGS]) | {PLAIN}
+    return [c for c in CONFIGS if c.name in keep]
+
+
+def group_runs(configs: list[Config], repeats: int) -> Iterator[tuple[int, int, list[Config]]]:
+    """(repeat, group, its configurations) in the order they run, each announced on stderr."""
+    for i in range(repeats):
+        for g, group in enumerate(groups(configs)):
+            print(f"[repeat {i + 1}/{repeats}, group {g + 1}] "
+                  f"{' '.join(c.name for c in group)}", file=sys.stderr, flush=True)
+            yield i, g, group
 
 
 def groups(configs: list[Config]) -> list[list[Config]]:
@@ -188,28 +204,21 @@ def run(args: argparse.Namespace) -> int:
     size = args.slice_requests or 2 * args.concurrency
     main, lc = make_streams(args.requests, args.max_tokens, args.lc_tokens, size)
     model, warmup, rendered = prepare(args.model, main, lc)
-    names = set(args.configs or [c.name for c in CONFIGS]) | {PLAIN}
-    configs = [c for c in CONFIGS if c.name in names]
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     out_dir = Path(args.out)
     t_all = time.monotonic()
-    repeats: list[dict[str, dict[str, Any]]] = []
-    for i in range(args.repeats):
-        rep: dict[str, dict[str, Any]] = {}
-        for g, group in enumerate(groups(configs)):
-            print(f"[repeat {i + 1}/{args.repeats}, group {g + 1}] "
-                  f"{' '.join(c.name for c in group)}", file=sys.stderr, flush=True)
-            res = run_repeat(group, model, rendered, main, lc, warmup,
-                             Path(args.policy or DEFAULT_POLICY).resolve(),
-                             out_dir / "logs" / f"g{g}", i, args.concurrency,
-                             eager=not args.compiled, slice_requests=size)
-            ref = res.pop(PLAIN)
-            for r in res.values():
-                r["reference"] = {k: ref[k] for k in ("slice_wall_s", "lc_median_gap_ms")}
-                r["reference"]["decode_rate"] = decode_rate(ref)
-            rep.setdefault(PLAIN, ref)  # the first group's, for the greedy gate and the table
-            rep.update(res)
-        repeats.append(rep)
+    repeats: list[dict[str, dict[str, Any]]] = [{} for _ in range(args.repeats)]
+    for i, g, group in group_runs(chosen(args.configs), args.repeats):
+        res = run_repeat(group, model, rendered, main, lc, warmup,
+                         Path(args.policy or DEFAULT_POLICY).resolve(),
+                         out_dir / "logs" / f"g{g}", i, args.concurrency,
+                         eager=not args.compiled, slice_requests=size)
+        ref = res.pop(PLAIN)
+        for r in res.values():
+            r["reference"] = {k: ref[k] for k in ("slice_wall_s", "lc_median_gap_ms")}
+            r["reference"]["decode_rate"] = decode_rate(ref)
+        repeats[i].setdefault(PLAIN, ref)  # the first group's, for the greedy gate and table
+        repeats[i].update(res)
     lc_slices = [q is not None for q in lc]
     verdict = judge(repeats, lc_slices)
     mismatches = check_greedy(repeats, PLAIN)

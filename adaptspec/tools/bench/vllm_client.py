@@ -28,7 +28,7 @@ from typing import Any
 
 from adaptspec.tools.bench.nopay import DEFAULT_POLICY, _start, report
 from adaptspec.tools.bench.prompts import load_unseen_chat
-from adaptspec.tools.bench.unseen import ADAPTIVE, CONFIGS, PLAIN, STATIC, groups
+from adaptspec.tools.bench.unseen import ADAPTIVE, PLAIN, STATIC, chosen, group_runs
 
 # The client in a process of its own: it imports vLLM, which this package never does.
 CLIENT = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
@@ -126,43 +126,35 @@ def run(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     dataset = out_dir / "unseen_long.jsonl"
     n = min(write_dataset(dataset), args.prompts)
-    names = set(args.configs or [c.name for c in CONFIGS]) | {PLAIN}
-    configs = [c for c in CONFIGS if c.name in names]
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     policy = Path(args.policy or DEFAULT_POLICY).resolve()
     t_all = time.monotonic()
-    repeats: list[dict[str, dict[str, Any]]] = []
-    for i in range(args.repeats):
-        rep: dict[str, dict[str, Any]] = {}
-        for g, group in enumerate(groups(configs)):
-            print(f"[repeat {i + 1}/{args.repeats}, group {g + 1}] "
-                  f"{' '.join(c.name for c in group)}", file=sys.stderr, flush=True)
-            logs = out_dir / "logs" / f"r{i}g{g}"
-            logs.mkdir(parents=True, exist_ok=True)
-            servers = {c.name: _start(c, args.model, policy, logs / f"{c.name}.log",
-                                      args.concurrency, eager=not args.compiled)
-                       for c in group}
-            res: dict[str, dict[str, Any]] = {}
-            try:
-                for s in servers.values():
-                    s.wait_ready()
-                order = list(servers)
-                shift = i % len(order)
-                for name in order[shift:] + order[:shift]:
-                    print(f"  {name}", file=sys.stderr, flush=True)
-                    res[name] = run_client(
-                        client_args(servers[name].port, args.model, dataset, n,
-                                    args.concurrency, args.max_tokens,
-                                    logs / f"{name}.json"), logs / f"{name}-client.log")
-            finally:
-                for s in servers.values():
-                    s.stop()
-            plain = res[PLAIN].get("output_throughput")
-            for r in res.values():
-                r["plain_tok_s"] = plain
-            rep.setdefault(PLAIN, res[PLAIN])
-            rep.update({k: v for k, v in res.items() if k != PLAIN})
-        repeats.append(rep)
+    repeats: list[dict[str, dict[str, Any]]] = [{} for _ in range(args.repeats)]
+    for i, g, group in group_runs(chosen(args.configs), args.repeats):
+        logs = out_dir / "logs" / f"r{i}g{g}"
+        logs.mkdir(parents=True, exist_ok=True)
+        servers = {c.name: _start(c, args.model, policy, logs / f"{c.name}.log",
+                                  args.concurrency, eager=not args.compiled) for c in group}
+        res: dict[str, dict[str, Any]] = {}
+        try:
+            for s in servers.values():
+                s.wait_ready()
+            order = list(servers)
+            shift = i % len(order)
+            for name in order[shift:] + order[:shift]:
+                print(f"  {name}", file=sys.stderr, flush=True)
+                res[name] = run_client(
+                    client_args(servers[name].port, args.model, dataset, n, args.concurrency,
+                                args.max_tokens, logs / f"{name}.json"),
+                    logs / f"{name}-client.log")
+        finally:
+            for s in servers.values():
+                s.stop()
+        plain = res[PLAIN].get("output_throughput")
+        for r in res.values():
+            r["plain_tok_s"] = plain
+        repeats[i].setdefault(PLAIN, res[PLAIN])
+        repeats[i].update({k: v for k, v in res.items() if k != PLAIN})
     verdict = judge(repeats)
     errors = [f"{name}: {r['error']}" for rep in repeats for name, r in rep.items()
               if "error" in r]
