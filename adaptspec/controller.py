@@ -198,11 +198,17 @@ class Controller(Learner):
     def fallback_k(self, class_name: str) -> int:
         """The policy's fallback K for a class: within its k_max (0 for a latency-critical
         class: that promise does not depend on the model) and the engine's cap."""
+        bound = self._class_bound(class_name)
+        return 0 if bound is None else min(self.policy.fallback_k, bound)
+
+    def _class_bound(self, class_name: str) -> int | None:
+        """The longest K a class may draft on this engine (its k_max within the engine's cap);
+        None for a latency-critical class, which never drafts."""
         p = self.policy
         settings = class_name if class_name in p.classes else p.default_class
         if p.classes[settings].latency_critical:
-            return 0
-        return min(p.fallback_k, p.class_k_max(settings), self.k_cap)
+            return None
+        return min(p.class_k_max(settings), self.k_cap)
 
     def _note_class_k(self, slots: np.ndarray, ks: np.ndarray) -> None:
         cls = self.req_class[slots]
@@ -217,11 +223,9 @@ class Controller(Learner):
         for the step that prefills it (which proposes its first drafts), and under async
         scheduling also for its first decode, scheduled before the prefill's feedback: drafting
         the class's k_max there would cost what the class's decisions had stopped paying."""
-        p = self.policy
-        settings = class_name if class_name in p.classes else p.default_class
-        if p.classes[settings].latency_critical:
+        k = self._class_bound(class_name)
+        if k is None:
             return 0, why.CODE[why.LATENCY_CRITICAL]
-        k = min(p.class_k_max(settings), self.k_cap)
         return min(k, self.class_k.get(class_name, k)), why.CODE[why.NEW_REQUEST]
 
     def _class_name_of(self, req_id: str) -> str:

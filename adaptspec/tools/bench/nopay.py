@@ -142,6 +142,11 @@ def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
             for k, v in after.items()}
 
 
+def _prefixed(counters: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The counters named `prefix` + something, by that something."""
+    return {k.removeprefix(prefix): v for k, v in counters.items() if k.startswith(prefix)}
+
+
 def run_repeat(configs: list[Config], model: str, rendered: dict[str, str],
                main: list[workload.Request], lc: list[workload.Request | None],
                warmup: list[workload.Request], policy: Path, log_dir: Path, repeat: int,
@@ -185,10 +190,8 @@ def run_repeat(configs: list[Config], model: str, rendered: dict[str, str],
         out[name] = {
             "server_start_s": start_s[name], "wall_s": wall, "tokens": tokens,
             "tok_per_s": tokens / wall, "slice_wall_s": [c["wall_s"] for c in cs],
-            "engine_s": {k[len("engine_s_"):]: v for k, v in spec.items()
-                         if k.startswith("engine_s_")},
-            "engine_steps": {k[len("engine_steps_"):]: v for k, v in spec.items()
-                             if k.startswith("engine_steps_")},
+            "engine_s": _prefixed(spec, "engine_s_"),
+            "engine_steps": _prefixed(spec, "engine_steps_"),
             "lc_median_gap_ms": median_gap_ms(lc_reqs),
             "errors": [e for c in cs for e in c["errors"]],
             "adaptspec_counters": _delta(cs[-1]["class_after"], cs[0]["class_before"]),
