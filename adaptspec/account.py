@@ -87,12 +87,15 @@ class EngineAccount:
     `seconds` and `steps` per category (for between and idle, `steps` counts intervals);
     decode steps also per (category, batch bucket) in `batch_seconds`, `batch_steps` and
     `batch_drafts` (draft tokens verified). `sink(category, seconds)` is told each interval as
-    it closes (the Prometheus counters). Nothing before the first `step_started` is covered;
-    after it, every interval up to the last event is in exactly one category.
+    it closes, and `decode_sink(category, batch bucket, seconds, drafts)` each decode step (the
+    Prometheus counters). Nothing before the first `step_started` is covered; after it, every
+    interval up to the last event is in exactly one category.
     """
 
-    def __init__(self, sink: Callable[[str, float], None] | None = None) -> None:
+    def __init__(self, sink: Callable[[str, float], None] | None = None,
+                 decode_sink: Callable[[str, int, float, int], None] | None = None) -> None:
         self.sink = sink
+        self.decode_sink = decode_sink
         self.seconds: dict[str, float] = dict.fromkeys(CATEGORIES, 0.0)
         self.steps: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
         self.batch_seconds: dict[tuple[str, int], float] = {}
@@ -159,6 +162,12 @@ class EngineAccount:
             self.batch_seconds[key] = self.batch_seconds.get(key, 0.0) + dt
             self.batch_steps[key] = self.batch_steps.get(key, 0) + 1
             self.batch_drafts[key] = self.batch_drafts.get(key, 0) + drafted
+            if self.decode_sink is not None:
+                try:
+                    self.decode_sink(category, key[1], dt, drafted)
+                except Exception:
+                    log.exception("adaptspec: engine account sink failed; dropped")
+                    self.decode_sink = None
         self._in_step = False
         self._gap = "between" if unfinished else "idle"
 
@@ -184,8 +193,11 @@ class EngineAccount:
 class AccountMetrics:
     """`adaptspec_engine_seconds_total{engine,category}` and
     `adaptspec_engine_steps_total{engine,category}`: an EngineAccount's categories as Prometheus
-    counters (pass `add` as its sink). `engine` is vLLM's data-parallel index label, as on the
-    other adaptspec series; every category's series exists from the start, at 0."""
+    counters (pass `add` as its sink); its decode steps by batch size (bucket, see
+    batch_bucket) as `adaptspec_engine_decode_{seconds,steps,drafts}_total{engine,category,
+    batch}` (pass `add_decode` as its decode_sink). `engine` is vLLM's data-parallel index
+    label, as on the other adaptspec series; every category's series exists from the start,
+    at 0."""
 
     def __init__(self, engine: int | str = 0, registry: CollectorRegistry | None = None) -> None:
         self.engine = str(engine)
@@ -197,14 +209,21 @@ class AccountMetrics:
                                    "count, between steps, idle; the categories partition it")
             steps = self._family("adaptspec_engine_steps", "Engine steps by category (for "
                                  "between and idle: the gaps)")
+            self._decode = {
+                what: self._family(f"adaptspec_engine_decode_{what}", doc, ["batch"])
+                for what, doc in (
+                    ("seconds", "Decode-step time by category and batch size (bucket)"),
+                    ("steps", "Decode steps by category and batch size (bucket)"),
+                    ("drafts", "Draft tokens verified in decode steps by category and batch "
+                               "size (bucket)"))}
         except Exception:
             self.unregister()
             raise
         self._seconds = {c: seconds.labels(self.engine, c) for c in CATEGORIES}
         self._steps = {c: steps.labels(self.engine, c) for c in CATEGORIES}
 
-    def _family(self, name: str, doc: str) -> Counter:
-        metric = Counter(name, doc, ["engine", "category"], registry=self._registry)
+    def _family(self, name: str, doc: str, extra: Sequence[str] = ()) -> Counter:
+        metric = Counter(name, doc, ["engine", "category", *extra], registry=self._registry)
         self._families.append(metric)
         return metric
 
@@ -212,6 +231,13 @@ class AccountMetrics:
         """One closed interval of `category`."""
         self._seconds[category].inc(max(seconds, 0.0))
         self._steps[category].inc()
+
+    def add_decode(self, category: str, batch: int, seconds: float, drafts: int) -> None:
+        """One decode step of `category` at batch size (bucket) `batch`."""
+        b = str(batch)
+        self._decode["seconds"].labels(self.engine, category, b).inc(max(seconds, 0.0))
+        self._decode["steps"].labels(self.engine, category, b).inc()
+        self._decode["drafts"].labels(self.engine, category, b).inc(max(drafts, 0))
 
     def unregister(self) -> None:
         """Take these series out of their registry, so another engine may take the names."""

@@ -143,7 +143,7 @@ def _samples(registry: CollectorRegistry) -> dict[tuple[str, str, str], float]:
     text = generate_latest(registry).decode()
     return {(s.name, s.labels["engine"], s.labels["category"]): s.value
             for fam in text_string_to_metric_families(text) for s in fam.samples
-            if s.name.endswith("_total")}
+            if s.name.endswith("_total") and "batch" not in s.labels}
 
 
 def test_the_series_follow_the_account() -> None:
@@ -169,6 +169,32 @@ def test_the_series_follow_the_account() -> None:
     metrics.unregister()  # twice is harmless
     AccountMetrics(engine=0, registry=reg)
     assert {k[1] for k in _samples(reg)} == {"0"}
+
+
+def test_decode_steps_by_batch_size_are_series_too() -> None:
+    reg = CollectorRegistry()
+    metrics = AccountMetrics(engine=0, registry=reg)
+    acct = EngineAccount(metrics.add, metrics.add_decode)
+    _step(acct, 0.0, 0.5, num_tokens=40, prefill=True)  # not a decode step
+    _step(acct, 0.5, 0.75, batch=2, num_tokens=2)
+    _step(acct, 0.75, 1.0, batch=2, num_tokens=2)
+    _step(acct, 1.0, 1.25, batch=2, num_tokens=5, drafted=3)
+    _step(acct, 1.25, 1.5, batch=2, num_tokens=5, drafted=3)
+    _step(acct, 1.5, 2.5, batch=100, num_tokens=100)
+    _step(acct, 2.5, 3.5, batch=100, num_tokens=100)
+    text = generate_latest(reg).decode()
+    got = {(s.name.removeprefix("adaptspec_engine_decode_").removesuffix("_total"),
+            s.labels["category"], int(s.labels["batch"])): s.value
+           for fam in text_string_to_metric_families(text) for s in fam.samples
+           if "batch" in s.labels and s.name.endswith("_total")}
+    want = {}
+    for (cat, b), sec in acct.batch_seconds.items():
+        want |= {("seconds", cat, b): sec, ("steps", cat, b): acct.batch_steps[(cat, b)],
+                 ("drafts", cat, b): acct.batch_drafts[(cat, b)]}
+    assert got == pytest.approx(want)
+    # (each batch size's first step of a token count is first_shape, not decode)
+    assert want[("steps", "decode_plain", 2)] == 1 and want[("drafts", "decode_spec", 2)] == 3
+    assert want[("steps", "decode_plain", 128)] == 1  # 100 shares the power-of-two bucket
 
 
 def test_the_series_reach_a_multiprocess_scrape(tmp_path: Path) -> None:

@@ -134,6 +134,31 @@ def test_the_engine_account_of_a_cell_and_its_table() -> None:
     assert report.account_table({"x": {4: report.summarize_cell(_cell([]), None)}}) == ""
 
 
+def test_decode_steps_by_batch_size_from_the_account_series() -> None:
+    cell = _cell([_req("a", "code", [1, 2], [0.1, 0.2], [1, 1])], wall=10.0)
+    cell["spec_before"] = {**cell["spec_before"], "engine_decode:seconds:decode_plain:4": 1.0,
+                           "engine_decode:steps:decode_plain:4": 10.0}
+    cell["spec_after"] = {**cell["spec_after"], "engine_decode:seconds:decode_plain:4": 3.4,
+                          "engine_decode:steps:decode_plain:4": 30.0,
+                          "engine_decode:drafts:decode_plain:4": 0.0,
+                          "engine_decode:seconds:decode_spec:4": 1.3,
+                          "engine_decode:steps:decode_spec:4": 10.0,
+                          "engine_decode:drafts:decode_spec:4": 25.0,
+                          "engine_decode:seconds:decode_spec:2": 0.5,
+                          "engine_decode:steps:decode_spec:2": 5.0,
+                          "engine_decode:drafts:decode_spec:2": 5.0}
+    dec = report.summarize_cell(cell, static_k=None)["engine_decode"]
+    assert dec["decode_plain"]["4"] == pytest.approx(
+        {"steps": 20.0, "ms_per_step": 120.0, "drafts_per_step": 0.0})
+    assert dec["decode_spec"]["4"] == pytest.approx(
+        {"steps": 10.0, "ms_per_step": 130.0, "drafts_per_step": 2.5})
+    assert list(dec["decode_spec"]) == ["2", "4"]  # by batch size, as numbers
+    lines = report.decode_table({"adaptspec c=4": dec}).splitlines()
+    assert lines[2].split() == ["adaptspec", "c=4", "2", "-", "100.0", "5", "1.00"]
+    assert lines[3].split() == ["adaptspec", "c=4", "4", "120.0", "20", "130.0", "10", "2.50"]
+    assert report.decode_table({}) == ""
+
+
 def test_greedy_gate_flags_only_greedy_differences() -> None:
     ref = {1: _cell([_req("g", "code", [1, 2, 3], [], []),
                      _req("s", "code", [7, 8], [], [], temperature=0.7)])}

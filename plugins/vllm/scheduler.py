@@ -101,7 +101,8 @@ class _Adaptive:
         # `engine` label of vLLM's own series.
         engine = int(vllm_config.parallel_config.data_parallel_index)
         account_metrics = _make_account_metrics(engine)
-        self.account = EngineAccount(None if account_metrics is None else account_metrics.add)
+        self.account = (EngineAccount() if account_metrics is None else
+                        EngineAccount(account_metrics.add, account_metrics.add_decode))
         self._accounting = True
         spec = vllm_config.speculative_config
         if spec is None or not spec.num_speculative_tokens:

@@ -130,7 +130,31 @@ def _spec_counters(m: dict[str, dict]) -> dict[str, float]:
         for labels, v in m.get(series, {}).items():
             key = prefix + dict(labels).get("category", "?")
             out[key] = out.get(key, 0.0) + v
+    # ... its decode steps by batch size: "engine_decode:<seconds|steps|drafts>:<category>:<batch>"
+    for what in ("seconds", "steps", "drafts"):
+        for labels, v in m.get(f"adaptspec_engine_decode_{what}_total", {}).items():
+            d = dict(labels)
+            key = f"engine_decode:{what}:{d.get('category', '?')}:{d.get('batch', '?')}"
+            out[key] = out.get(key, 0.0) + v
     return out
+
+
+def decode_by_batch(after: dict[str, float], before: dict[str, float]
+                    ) -> dict[str, dict[str, dict[str, float]]]:
+    """What a cell's decode steps took, from two `_spec_counters` readings: per category
+    (decode_plain, decode_spec) and batch size, the steps, ms per step and drafts per step."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for key, v in after.items():
+        if not key.startswith("engine_decode:"):
+            continue
+        _, what, cat, batch = key.split(":")
+        out.setdefault(cat, {}).setdefault(batch, {})[what] = v - before.get(key, 0.0)
+    return {cat: {b: {"steps": d.get("steps", 0.0),
+                      "ms_per_step": 1e3 * d.get("seconds", 0.0) / d["steps"],
+                      "drafts_per_step": d.get("drafts", 0.0) / d["steps"]}
+                  for b, d in sorted(rows.items(), key=lambda x: int(x[0]))
+                  if d.get("steps")}
+            for cat, rows in sorted(out.items())}
 
 
 def run_cell(server: Server, stream: list[workload.Request], prompts: dict[str, str],

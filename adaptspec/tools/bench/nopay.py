@@ -45,7 +45,7 @@ from typing import Any
 from adaptspec.policy import shipped_policy
 from adaptspec.serve import free_port
 from adaptspec.tools.bench import workload
-from adaptspec.tools.bench.cells import median_gap_ms, run_cell
+from adaptspec.tools.bench.cells import decode_by_batch, median_gap_ms, run_cell
 from adaptspec.tools.bench.servers import (
     OURS_NGRAM,
     Config,
@@ -192,6 +192,7 @@ def run_repeat(configs: list[Config], model: str, rendered: dict[str, str],
             "tok_per_s": tokens / wall, "slice_wall_s": [c["wall_s"] for c in cs],
             "engine_s": _prefixed(spec, "engine_s_"),
             "engine_steps": _prefixed(spec, "engine_steps_"),
+            "engine_decode": decode_by_batch(cs[-1]["spec_after"], cs[0]["spec_before"]),
             "lc_median_gap_ms": median_gap_ms(lc_reqs),
             "errors": [e for c in cs for e in c["errors"]],
             "adaptspec_counters": _delta(cs[-1]["class_after"], cs[0]["class_before"]),

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptspec.tools.bench import steps, workload
+from adaptspec.tools.bench.cells import decode_by_batch
 from adaptspec.tools.bench.servers import Config
 
 # ------------------------------------------------------------------------------ summaries
@@ -141,6 +142,7 @@ def summarize_cell(cell: dict[str, Any], static_k: int | None) -> dict[str, Any]
         # The engine's time account over the cell (servers run by adaptspec's scheduler only):
         # seconds per category, adaptspec/account.py.
         **({"engine_s": engine_s} if (engine_s := _account_delta(sb, sa)) else {}),
+        **({"engine_decode": dec} if (dec := decode_by_batch(sa, sb)) else {}),
         "classes": classes,
         # the hybrid's draft model, as the controller fitted it by the cell's end
         **({"draft_model_cost_ms": {k.removeprefix("draft_model_ms_"): v
@@ -177,6 +179,28 @@ def account_table(summary: dict[str, dict[int, dict]]) -> str:
             f"each category's share of it\n{'config':<18}{'c':>4}{'account/wall':>14}"
             + "".join(f"{k:>13}" for k in shown))
     return "\n".join([head, *rows])
+
+
+def decode_table(rows: dict[str, dict[str, dict[str, dict[str, float]]]]) -> str:
+    """Per server (label -> `cells.decode_by_batch`): at each batch size, ms per plain decode
+    step and per speculating one, with their counts and the drafts a speculating step verified
+    ("" when no server kept an account)."""
+    lines = []
+    for label, dec in rows.items():
+        plain, spec = dec.get("decode_plain", {}), dec.get("decode_spec", {})
+        for b in sorted(set(plain) | set(spec), key=int):
+            p, q = plain.get(b), spec.get(b)
+            lines.append(
+                f"{label:<26}{b:>6}"
+                + (f"{p['ms_per_step']:>10.1f}{p['steps']:>7.0f}" if p else f"{'-':>10}{'':>7}")
+                + (f"{q['ms_per_step']:>10.1f}{q['steps']:>7.0f}{q['drafts_per_step']:>9.2f}"
+                   if q else f"{'-':>10}{'':>7}{'':>9}"))
+    if not lines:
+        return ""
+    head = (f"decode steps by batch size (engine account): ms per step and steps, plain and "
+            f"speculating (drafts verified per step)\n{'server':<26}{'batch':>6}{'plain ms':>10}"
+            f"{'n':>7}{'spec ms':>10}{'n':>7}{'drafts':>9}")
+    return "\n".join([head, *lines])
 
 
 def check_greedy(cells: dict[str, dict[int, dict]], reference: str = "none"

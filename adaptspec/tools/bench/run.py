@@ -31,6 +31,7 @@ from adaptspec.tools.bench.cells import Sampler, run_cell
 from adaptspec.tools.bench.report import (
     account_table,
     check_greedy,
+    decode_table,
     format_table,
     per_class_table,
     plot,
@@ -180,6 +181,10 @@ def run(args: argparse.Namespace) -> int:
     if table := proposer_table(summary):
         print("\n" + table)
     if table := account_table(summary):
+        print("\n" + table)
+    if table := decode_table({f"{name} c={c}": cell["engine_decode"]
+                              for name, by_c in summary.items()
+                              for c, cell in sorted(by_c.items()) if "engine_decode" in cell}):
         print("\n" + table)
     try:  # the simulator, fitted to what was just measured (adaptspec.tools.bench.calibrate)
         from adaptspec.tools.bench.calibrate import calibrate, format_report

@@ -47,6 +47,7 @@ from adaptspec.tools.bench.nopay import (
     run_repeat,
 )
 from adaptspec.tools.bench.prompts import load_unseen_chat
+from adaptspec.tools.bench.report import decode_table
 from adaptspec.tools.bench.servers import OURS_NGRAM, Config
 
 PLAIN = "none_sync"
@@ -231,7 +232,11 @@ def run(args: argparse.Namespace) -> int:
               "total_s": time.monotonic() - t_all, "verdict": verdict,
               "lc_gap_ms_plain": [median_gap_ms(rep[PLAIN]["lc_requests"]) for rep in repeats],
               "mismatches": mismatches, "errors": errors, "repeats": repeats}
-    return report(result, format_table(repeats, verdict), out_dir / "unseen.json")
+    table = format_table(repeats, verdict)
+    if dec := decode_table({f"{name} (repeat 1)": r["engine_decode"]
+                            for name, r in repeats[0].items() if r.get("engine_decode")}):
+        table += "\n\n" + dec
+    return report(result, table, out_dir / "unseen.json")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
