@@ -28,6 +28,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from adaptspec.tools.simulator import format_table, run_simulation
 
     policy = load_policy(args.policy)
+    if args.prior_check:
+        from adaptspec.tools.simulator.prior import format_sweep, sweep
+
+        rows = sweep(policy, seeds=args.seeds)
+        print(format_sweep(rows))
+        print("SIMULATED: the gpu preset as the controller's prior, the engine's true curve the "
+              "preset made 0/20/30% cheaper at large batch; PR #32374's EAGLE acceptance")
+        _write_json(args.json, {"prior_check": rows})
+        return 0
     result = run_simulation(
         policy, args.workload, preset=args.preset, seed=args.seed, quick=args.quick,
         progress=lambda msg: print(msg, file=sys.stderr, flush=True), lag=args.lag,
@@ -35,6 +44,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(format_table(result))
     _write_json(args.json, result)
     return 0
+
+
+def cmd_bench_trace(args: argparse.Namespace) -> int:
+    from adaptspec.tools.bench.trace import run
+
+    return run(args)
 
 
 def cmd_bench_decide(args: argparse.Namespace) -> int:
@@ -136,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="feed the controller by request id, as the plugin does, each step's "
                           "feedback this many steps late beyond the next step (vLLM's async "
                           "scheduling: 1)")
+    sim.add_argument("--prior-check", action="store_true",
+                     help="instead: the gpu preset as prior over a true curve 20-30%% cheaper "
+                          "at large batch; steps until the controller finds the K that pays")
+    sim.add_argument("--seeds", type=int, default=10, help="seeds per cell of --prior-check")
     sim.add_argument("--json", default=None, help="write the result here")
     sim.set_defaults(func=cmd_simulate)
 
@@ -179,6 +198,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_vclient_arguments(vclient)
     vclient.set_defaults(func=cmd_bench_vllm_client)
+    trace = bench_sub.add_parser(
+        "trace", help="a day of traffic: one server per configuration through phases of 1, 4, "
+                      "16, 4 and 1 users, code then chat and math then writing, a "
+                      "latency-critical stream throughout")
+    from adaptspec.tools.bench.trace import add_arguments as add_trace_arguments
+
+    add_trace_arguments(trace)
+    trace.set_defaults(func=cmd_bench_trace)
     cal = bench_sub.add_parser(
         "calibrate", help="fit the simulator's cpu step-time preset to a bench.json and check "
                           "its predicted ratios against the measured ones")
