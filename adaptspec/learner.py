@@ -37,7 +37,8 @@ class Learner:
 
     Public attributes: policy, proposers (names; with more than one it also chooses who
     drafts, adaptspec/choose.py), class_names (index -> name), estimator, requests, cost,
-    errors (faults absorbed, the engine's one count), steps, last_predicted_ms, last_step_ms;
+    errors (faults absorbed, the engine's one count), steps, probes, last_predicted_ms,
+    last_step_ms;
     per class (by index) cls_k_min, cls_k_max (0: may not draft), cls_kind (2:
     latency-critical), cls_slo_ms; per slot req_class, req_k, req_proposer and req_reason (the
     plan made at its last step), req_last_step (LRU age, inf while free), and the hysteresis
@@ -109,6 +110,8 @@ class Learner:
         self.steps = 0
         self.last_predicted_ms = float("nan")
         self.last_step_ms = float("nan")
+        self.probes = 0  # steps planned as cost probes (see _step)
+        self._last_probe = 0
         self._last_cut: tuple | None = None  # see `cut`
 
     def _register_class(self, name: str, settings: str) -> int:
@@ -333,12 +336,32 @@ class Learner:
             self.req_proposer[slots] = choice
             rows = choice * self.n_cls + cls
             sn = self.requests.sn[:, slots * n_prop + choice]
+        coef = self.cost.coef_at(n)
         ks, _, inc, threshold, self.last_predicted_ms = fastpath.decide(
             post, self._row_k_min, self._row_k_max, self._row_kind, self._row_slo_ms,
-            self.requests.shrinkage, sn, rows, explore, z, self.cost.coef_at(n), self.cost.knee,
+            self.requests.shrinkage, sn, rows, explore, z, coef, self.cost.knee,
             p.latency_critical_slack, p.hysteresis_steps, self.req_prev_k, self.req_votes,
             slots)
         reasons = self._reasons(ks, cls, explore, inc, threshold)
+        if self._probe_due(ks, rows):
+            # The probe: the plan the decision makes if drafting costs probe_margin less than
+            # the learned curve says (speculation's terms cut, hysteresis left alone). Against
+            # the learned curve it loses at most probe_margin on that step, so at most
+            # probe_margin / probe_every of the time; without it a prior dearer than the engine
+            # (a GPU preset at large batch) keeps every step plain, and plain steps never
+            # measure what a draft costs.
+            self._last_probe = self.steps
+            optimistic = coef.copy()
+            optimistic[2:] *= 1.0 - p.cost_model.probe_margin
+            probe, _, p_inc, p_threshold, _ = fastpath.decide(
+                post, self._row_k_min, self._row_k_max, self._row_kind, self._row_slo_ms,
+                self.requests.shrinkage, sn, rows, explore, z, optimistic, self.cost.knee,
+                p.latency_critical_slack, 1, self.req_prev_k, self.req_votes, slots)
+            if probe.any():
+                ks, inc, threshold = probe, p_inc, p_threshold
+                reasons = np.where(ks > 0, why.CODE[why.COST_PROBE], reasons)
+                self.last_predicted_ms = self.cost.predict(n, int(ks.sum()), int(ks.max()))
+                self.probes += 1
         if pass_tokens is not None:
             k_min = self.cls_k_min[cls]
             trimmed = passcost.worth_drafting(ks, inc, pass_tokens[self.req_proposer[slots]],
@@ -351,6 +374,16 @@ class Learner:
             ks = trimmed
         self._last_cut = (slots, rows, inc, threshold)
         return ks, reasons
+
+    def _probe_due(self, ks: np.ndarray, rows: np.ndarray) -> bool:
+        """Is this step a cost probe's (see _step)? When the decision drafts nothing, the
+        step-time model learns, and no request of the batch is latency-critical or has an
+        SLO (their limits are the learned curve's), at most once every probe_every steps."""
+        cm = self.policy.cost_model
+        return (cm.learn and cm.probe_every > 0 and not ks.any()
+                and self.steps - self._last_probe >= cm.probe_every
+                and not (self._row_kind[rows] > 1).any()
+                and bool(np.isinf(self._row_slo_ms[rows]).all()))
 
     def _reasons(self, ks: np.ndarray, cls: np.ndarray, explore: np.ndarray, inc: np.ndarray,
                  threshold: int) -> np.ndarray:

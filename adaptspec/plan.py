@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 # Why a request got its K, in the order of their codes. The bounds apply in this order, each
-# overriding what came before where it changes K: learned (or exploring) -> class_cap ->
-# pass_cost -> guard_hold -> engine_cap; latency_critical, fallback and new_request are whole
-# decisions of their own.
+# overriding what came before where it changes K: learned (or exploring, or cost_probe) ->
+# class_cap -> pass_cost -> guard_hold -> engine_cap; latency_critical, fallback and new_request
+# are whole decisions of their own.
 LEARNED = "learned"              # acceptance and the step-time model chose it (0 included)
 EXPLORING = "exploring"          # the same from a Thompson draw of the acceptance
 CLASS_CAP = "class_cap"          # the class's k_max kept it from drafting more
@@ -26,8 +26,9 @@ PASS_COST = "pass_cost"          # a model proposer's passes cost more than they
 ENGINE_CAP = "engine_cap"        # the engine's num_speculative_tokens kept it shorter
 FALLBACK = "fallback"            # a fault: the policy's fallback_k within the class's k_max
 NEW_REQUEST = "new_request"      # not decided yet: its class's k_max (the prefill step drafts)
+COST_PROBE = "cost_probe"        # the step-time model said no draft pays; drafted to check it
 REASONS = (LEARNED, EXPLORING, CLASS_CAP, LATENCY_CRITICAL, GUARD_HOLD, PASS_COST, ENGINE_CAP,
-           FALLBACK, NEW_REQUEST)
+           FALLBACK, NEW_REQUEST, COST_PROBE)
 CODE = {name: i for i, name in enumerate(REASONS)}
 
 # The coarser decision kind of the adaptspec_steps counter's `decision` label.

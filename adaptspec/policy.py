@@ -119,6 +119,13 @@ class CostModel(_Strict):
     learn: bool = Field(True, description="refine the curve online from measured step times")
     forgetting: float = Field(0.995, gt=0.5, le=1.0)
     prior_weight: float = Field(20.0, gt=0, description="how many steps the prior is worth")
+    probe_every: int = Field(
+        32, ge=0, description="while the learned curve says no draft pays, every this many "
+        "steps plan one as if drafting cost probe_margin less, so that a prior dearer than the "
+        "engine cannot keep speculation off for good (0: never; only with learn)")
+    probe_margin: float = Field(
+        0.3, ge=0.0, lt=1.0, description="how much cheaper than the learned curve drafting is "
+        "assumed on a probe: a probe step loses at most this much against plain decoding")
 
     @model_validator(mode="before")
     @classmethod

@@ -100,9 +100,12 @@ def test_quick_targets_where_static_k_is_beatable(creative_gpu: dict[str, Any]) 
     # preset. On the preset fitted to vLLM PR #32374 (an EAGLE pass costs 0.57 ms, a drafted
     # step 1.08 ms more) even the oracle beats the best single static K by only 5.7% here, so no
     # policy can reach 1.10: what stays is that static K is beatable and adaptive never loses
-    # to plain decoding. (How close adaptive comes to the oracle: the test below.)
+    # to plain decoding, but for its cost probes where plain is best (at 256 here): at most
+    # probe_margin / probe_every (learner.py). (How close adaptive comes to the oracle: the
+    # test below.)
     assert q["oracle_over_best_static"] > 1.0
-    assert q["adaptive_over_none_min"] >= 1.0
+    cm = load_policy(ROOT / "policies" / "default.yaml").cost_model
+    assert q["adaptive_over_none_min"] >= 1.0 - cm.probe_margin / cm.probe_every
 
 
 def test_quick_adaptive_near_the_oracle_on_gpu(creative_gpu: dict[str, Any]) -> None:

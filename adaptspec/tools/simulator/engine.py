@@ -24,14 +24,15 @@ def engine_cost_model(policy: Policy, preset: str | None) -> CostModel:
 
 def controller_policy(policy: Policy, preset: str | None, prior: str) -> Policy:
     """The policy the controller runs. prior="engine": its cost prior is the engine's preset
-    (a deployment sets cost_model.preset to its hardware; the learning settings are the
-    policy's), so the controller starts from the nominal curve and learns from noisy
+    (a deployment sets cost_model.preset to its hardware; the learning and probing settings
+    are the policy's), so the controller starts from the nominal curve and learns from noisy
     measurements. prior="policy": the policy as written, e.g. a CPU prior on a GPU engine."""
     if prior == "policy" or preset is None or preset == policy.cost_model.preset:
         return policy
     cm = policy.cost_model
     cost = CostModel(preset=preset, learn=cm.learn, forgetting=cm.forgetting,
-                     prior_weight=cm.prior_weight)
+                     prior_weight=cm.prior_weight, probe_every=cm.probe_every,
+                     probe_margin=cm.probe_margin)
     return policy.model_copy(update={"cost_model": cost})
 
 
