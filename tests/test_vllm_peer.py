@@ -7,7 +7,8 @@ cached in ~/.cache/adaptspec/wheels), and runs `tests/v1/core/test_scheduler.py`
 with vLLM's own Scheduler and AsyncScheduler, and with adaptspec's AdaptiveScheduler and
 AdaptiveAsyncScheduler in their place (speculating at the engine's K, so that vLLM's
 expectations of a static K hold). Every test that passes with vLLM's classes must pass with
-adaptspec's. Tests that need a hub model other than the one pointed at the tiny local model
+adaptspec's. Then once more with adaptspec's built-in default policy deciding K: the tests
+that then differ are named, each with why (BY_DESIGN), and no other may. Tests that need a hub model other than the one pointed at the tiny local model
 cannot run offline and are skipped in both runs. Skipped as a whole when the sdist cannot be had.
 """
 
@@ -104,12 +105,13 @@ def vllm_tests(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return top
 
 
-def _run(top: Path, classes: str, model: str, out: Path) -> tuple[dict[str, str], int]:
+def _run(top: Path, classes: str, model: str, out: Path, policy: str = "static"
+         ) -> tuple[dict[str, str], int]:
     """Outcome per test (passed, failed, skipped) and how many adaptspec schedulers were built."""
     out.mkdir(parents=True, exist_ok=True)
     junit, count = out / "junit.xml", out / "count"
     env = {**os.environ, "PEER_CLASSES": classes, "PEER_MODEL": model, "PEER_DIR": str(out),
-           "PEER_COUNT": str(count),
+           "PEER_COUNT": str(count), "PEER_POLICY": policy,
            "PYTHONPATH": os.pathsep.join([str(top), str(SUPPORT),
                                           os.environ.get("PYTHONPATH", "")])}
     env.pop("ADAPTSPEC_POLICY", None)
@@ -127,9 +129,16 @@ def _run(top: Path, classes: str, model: str, out: Path) -> tuple[dict[str, str]
     return outcomes, int(count.read_text()) if count.exists() else 0
 
 
+@pytest.fixture(scope="module")
+def theirs(vllm_tests: Path, tiny_models: dict[str, Any],
+           tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The outcomes on vLLM's own classes (the baseline)."""
+    return _run(vllm_tests, "vllm", tiny_models["target"], tmp_path_factory.mktemp("vllm"))[0]
+
+
 def test_vllms_scheduler_tests_pass_on_adaptspecs_schedulers(
-        vllm_tests: Path, tiny_models: dict[str, Any], tmp_path: Path) -> None:
-    theirs, _ = _run(vllm_tests, "vllm", tiny_models["target"], tmp_path / "vllm")
+        vllm_tests: Path, theirs: dict[str, str], tiny_models: dict[str, Any],
+        tmp_path: Path) -> None:
     ours, built = _run(vllm_tests, "adaptspec", tiny_models["target"], tmp_path / "adaptspec")
     passed = {t for t, o in theirs.items() if o == "passed"}
     print(f"vLLM's scheduler tests: {len(passed)} pass on vLLM's classes, "
@@ -140,3 +149,31 @@ def test_vllms_scheduler_tests_pass_on_adaptspecs_schedulers(
     assert built > 0, "adaptspec's schedulers were not the ones tested"
     broken = sorted(t for t in passed if ours[t] != "passed")
     assert not broken, f"pass on vLLM's schedulers, not on adaptspec's: {broken}"
+
+
+# Where adaptspec's default policy (K decided by the controller) gives another result than
+# vLLM's static K, and why; the test below checks that these, and only these, differ. Both tests
+# assume that every draft the proposer made is verified; adaptspec verifies what its plan says.
+BY_DESIGN: dict[str, str] = {
+    "tests.v1.core.test_scheduler::test_schedule_spec_decoding_stats[spec_tokens5-output_tokens5"
+    "-expected5-expected_per_req5]":
+        "two new requests with 3 drafts each: the plan made from their first feedback keeps 2 "
+        "of one request's 3 (the built-in default policy's prior acceptance prices the third "
+        "above what it is expected to give), so num_tokens_with_spec is 4, not 5",
+    "tests.v1.core.test_scheduler::test_per_request_spec_decode_detailed_records_per_step":
+        "one request whose second verify step accepts 1 of 3 drafts: the controller plans K=0 "
+        "from there (its acceptance estimate has fallen below what a draft costs), so only the "
+        "first step's record exists ([3], not [3, 1, 0])",
+}
+
+
+def test_with_the_default_policy_only_the_named_tests_differ(
+        vllm_tests: Path, theirs: dict[str, str], tiny_models: dict[str, Any],
+        tmp_path: Path) -> None:
+    ours, built = _run(vllm_tests, "adaptspec", tiny_models["target"], tmp_path / "default",
+                       policy="default")
+    assert built > 0
+    passed = {t for t, o in theirs.items() if o == "passed"}
+    differ = sorted(t for t in passed if ours[t] != "passed")
+    print(f"default policy: {len(passed) - len(differ)} of {len(passed)} pass; differ: {differ}")
+    assert differ == sorted(BY_DESIGN), differ

@@ -5,7 +5,8 @@ in a pytest of its own rooted in the extracted sdist.
 PEER_CLASSES=adaptspec: every scheduler vLLM's `create_scheduler` builds without naming a class
 is adaptspec's (AdaptiveAsyncScheduler under async scheduling, else AdaptiveScheduler), with a
 policy that drafts every request at the engine's K (k_min at the cap), so vLLM's expectations of
-a static K hold and what is checked is that adaptspec changes nothing else. PEER_CLASSES=vllm:
+a static K hold and what is checked is that adaptspec changes nothing else; with PEER_POLICY=
+default, the shipped default policy instead (adaptspec decides K). PEER_CLASSES=vllm:
 vLLM's own classes (the baseline). Either way the hub model the tests name by default
 (facebook/opt-125m) is PEER_MODEL, a local folder; a test that needs another hub model cannot
 run offline and is skipped. PEER_COUNT: a file the number of adaptspec schedulers built is
@@ -36,7 +37,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     model = os.environ["PEER_MODEL"]
     ours = os.environ.get("PEER_CLASSES") == "adaptspec"
-    if ours:
+    if ours and os.environ.get("PEER_POLICY") != "default":
         path = os.path.join(os.environ["PEER_DIR"], "policy.yaml")
         with open(path, "w") as f:
             f.write(POLICY)
