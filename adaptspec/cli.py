@@ -278,8 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         return models_main(argv[1:], prog="adaptspec models")
     if argv[:1] == ["bench"] and argv[1:2] not in (["run"], ["decide"], ["calibrate"],
                                                   ["nopay"], ["unseen"], ["vllm-client"],
-                                                  ["-h"],
-                                                  ["--help"]):
+                                                  ["trace"], ["-h"], ["--help"]):
         argv = ["bench", "run", *argv[1:]]  # `adaptspec bench --quick` runs the benchmark
     args = build_parser().parse_args(argv)
     try:

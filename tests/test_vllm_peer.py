@@ -3,13 +3,14 @@
 vLLM ships its tests in its source distribution. This takes the installed version's
 (`vllm-<version>.tar.gz` from the package index pip uses, checked against the index's sha256,
 cached in ~/.cache/adaptspec/wheels), and runs `tests/v1/core/test_scheduler.py` and
-`test_async_scheduler.py` twice, each in a pytest of its own (tests/support/vllm_peer_plugin.py):
+`test_async_scheduler.py`, each run in a pytest of its own (tests/support/vllm_peer_plugin.py):
 with vLLM's own Scheduler and AsyncScheduler, and with adaptspec's AdaptiveScheduler and
 AdaptiveAsyncScheduler in their place (speculating at the engine's K, so that vLLM's
 expectations of a static K hold). Every test that passes with vLLM's classes must pass with
 adaptspec's. Then once more with adaptspec's built-in default policy deciding K: the tests
-that then differ are named, each with why (BY_DESIGN), and no other may. Tests that need a hub model other than the one pointed at the tiny local model
-cannot run offline and are skipped in both runs. Skipped as a whole when the sdist cannot be had.
+that then differ are named, each with why (BY_DESIGN), and no other may. Tests that need a hub
+model other than the one pointed at the tiny local model cannot run offline and are skipped in
+every run. Skipped as a whole when the sdist cannot be had.
 """
 
 from __future__ import annotations

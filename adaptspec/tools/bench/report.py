@@ -186,19 +186,20 @@ def decode_table(rows: dict[str, dict[str, dict[str, dict[str, float]]]]) -> str
     step and per speculating one, with their counts and the drafts a speculating step verified
     ("" when no server kept an account)."""
     lines = []
+    w = max((len(label) for label in rows), default=0) + 2
     for label, dec in rows.items():
         plain, spec = dec.get("decode_plain", {}), dec.get("decode_spec", {})
         for b in sorted(set(plain) | set(spec), key=int):
             p, q = plain.get(b), spec.get(b)
             lines.append(
-                f"{label:<26}{b:>6}"
+                f"{label:<{w}}{b:>6}"
                 + (f"{p['ms_per_step']:>10.1f}{p['steps']:>7.0f}" if p else f"{'-':>10}{'':>7}")
                 + (f"{q['ms_per_step']:>10.1f}{q['steps']:>7.0f}{q['drafts_per_step']:>9.2f}"
                    if q else f"{'-':>10}{'':>7}{'':>9}"))
     if not lines:
         return ""
     head = (f"decode steps by batch size (engine account): ms per step and steps, plain and "
-            f"speculating (drafts verified per step)\n{'server':<26}{'batch':>6}{'plain ms':>10}"
+            f"speculating (drafts verified per step)\n{'server':<{w}}{'batch':>6}{'plain ms':>10}"
             f"{'n':>7}{'spec ms':>10}{'n':>7}{'drafts':>9}")
     return "\n".join([head, *lines])
 
