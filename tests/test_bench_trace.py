@@ -72,6 +72,7 @@ def test_summary_of_one_trace() -> None:
     assert s["ttft_ms"]["code"]["p50"] == pytest.approx(100.0)
     assert s["ttft_ms"]["interactive"]["p50"] == pytest.approx(500.0)
     assert (s["drafted"], s["accepted"]) == (12, 6)
+    assert s["lc_busy_share"] == pytest.approx(3 * 1.3 / 15)  # 3 LC requests of 1.3 s each
 
 
 def test_verdict_is_paired_per_repeat_and_checks_the_goals() -> None:
