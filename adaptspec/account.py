@@ -115,13 +115,19 @@ class EngineAccount:
         self.mark = max(now, self.mark)
         self.seconds[category] += dt
         self.steps[category] += 1
-        if self.sink is not None:
-            try:
-                self.sink(category, dt)
-            except Exception:  # the account goes on without its sink
-                log.exception("adaptspec: engine account sink failed; dropped")
-                self.sink = None
+        self._tell("sink", category, dt)
         return dt
+
+    def _tell(self, which: str, *args: Any) -> None:
+        """Call a sink (attribute `which`); one that fails is dropped and the account goes on."""
+        sink = getattr(self, which)
+        if sink is None:
+            return
+        try:
+            sink(*args)
+        except Exception:
+            log.exception("adaptspec: engine account sink failed; dropped")
+            setattr(self, which, None)
 
     def step_started(self, now: float) -> None:
         """At the start of schedule(): the gap since the last step closes (between or idle)."""
@@ -162,12 +168,7 @@ class EngineAccount:
             self.batch_seconds[key] = self.batch_seconds.get(key, 0.0) + dt
             self.batch_steps[key] = self.batch_steps.get(key, 0) + 1
             self.batch_drafts[key] = self.batch_drafts.get(key, 0) + drafted
-            if self.decode_sink is not None:
-                try:
-                    self.decode_sink(category, key[1], dt, drafted)
-                except Exception:
-                    log.exception("adaptspec: engine account sink failed; dropped")
-                    self.decode_sink = None
+            self._tell("decode_sink", category, key[1], dt, drafted)
         self._in_step = False
         self._gap = "between" if unfinished else "idle"
 

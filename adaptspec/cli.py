@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from adaptspec.policy import PolicyError, load_policy
 
@@ -129,6 +131,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def _bench_command(sub: Any, name: str, module: str, func: Any, help: str) -> None:
+    """A `bench` subcommand whose module brings its own arguments (its add_arguments)."""
+    p = sub.add_parser(name, help=help)
+    importlib.import_module(module).add_arguments(p)
+    p.set_defaults(func=func)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="adaptspec", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -160,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser(
         "bench", help="benchmarks: `bench [run] [--quick]` (real vLLM servers: none vs static K "
-                      "vs adaptspec), `bench decide` (controller time per step)")
+                   "vs adaptspec), `bench decide` (controller time per step)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     brun = bench_sub.add_parser("run", help="none vs vLLM static K vs adaptspec, real servers")
     from adaptspec.tools.bench.run import add_arguments as add_bench_arguments
@@ -174,45 +183,27 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--repeats", type=int, default=5000)
     dec.add_argument("--json", default=None)
     dec.set_defaults(func=cmd_bench_decide)
-    nopay = bench_sub.add_parser(
-        "nopay", help="the cell where speculation does not pay: default model, chat at c=4 "
-                      "plus a latency-critical stream; plain (async and sync) vs vLLM ngram K=4 "
-                      "vs adaptspec, repeated")
-    from adaptspec.tools.bench.nopay import add_arguments as add_nopay_arguments
-
-    add_nopay_arguments(nopay)
-    nopay.set_defaults(func=cmd_bench_nopay)
-    unseen = bench_sub.add_parser(
-        "unseen", help="chat the project never tuned on (its unseen prompt set), default model "
-                       "at c=4, with and without a latency-critical stream: plain vs vLLM ngram "
-                       "K=2/4/8 vs adaptspec over vLLM's ngram and over its own, repeated")
-    from adaptspec.tools.bench.unseen import add_arguments as add_unseen_arguments
-
-    add_unseen_arguments(unseen)
-    unseen.set_defaults(func=cmd_bench_unseen)
-    vclient = bench_sub.add_parser(
-        "vllm-client", help="the unseen long chat prompts through vLLM's own benchmark client "
-                            "(vllm bench serve), a fresh server per configuration and repeat: "
-                            "plain vs vLLM ngram K=2/4/8 vs adaptspec")
-    from adaptspec.tools.bench.vllm_client import add_arguments as add_vclient_arguments
-
-    add_vclient_arguments(vclient)
-    vclient.set_defaults(func=cmd_bench_vllm_client)
-    trace = bench_sub.add_parser(
-        "trace", help="a day of traffic: one server per configuration through phases of 1, 4, "
-                      "16, 4 and 1 users, code then chat and math then writing, a "
-                      "latency-critical stream throughout")
-    from adaptspec.tools.bench.trace import add_arguments as add_trace_arguments
-
-    add_trace_arguments(trace)
-    trace.set_defaults(func=cmd_bench_trace)
-    cal = bench_sub.add_parser(
-        "calibrate", help="fit the simulator's cpu step-time preset to a bench.json and check "
-                          "its predicted ratios against the measured ones")
-    from adaptspec.tools.bench.calibrate import add_arguments as add_calibrate_arguments
-
-    add_calibrate_arguments(cal)
-    cal.set_defaults(func=cmd_bench_calibrate)
+    _bench_command(bench_sub, "nopay", "adaptspec.tools.bench.nopay", cmd_bench_nopay,
+                   "the cell where speculation does not pay: default model, chat at c=4 "
+                   "plus a latency-critical stream; plain (async and sync) vs vLLM ngram K=4 "
+                   "vs adaptspec, repeated")
+    _bench_command(bench_sub, "unseen", "adaptspec.tools.bench.unseen", cmd_bench_unseen,
+                   "chat the project never tuned on (its unseen prompt set), default model "
+                   "at c=4, with and without a latency-critical stream: plain vs vLLM ngram "
+                   "K=2/4/8 vs adaptspec over vLLM's ngram and over its own, repeated")
+    _bench_command(bench_sub, "vllm-client", "adaptspec.tools.bench.vllm_client",
+                   cmd_bench_vllm_client,
+                   "the unseen long chat prompts through vLLM's own benchmark client "
+                   "(vllm bench serve), a fresh server per configuration and repeat: "
+                   "plain vs vLLM ngram K=2/4/8 vs adaptspec")
+    _bench_command(bench_sub, "trace", "adaptspec.tools.bench.trace", cmd_bench_trace,
+                   "a day of traffic: one server per configuration through phases of 1, 4, "
+                   "16, 4 and 1 users, code then chat and math then writing, a "
+                   "latency-critical stream throughout")
+    _bench_command(bench_sub, "calibrate", "adaptspec.tools.bench.calibrate",
+                   cmd_bench_calibrate,
+                   "fit the simulator's cpu step-time preset to a bench.json and check "
+                   "its predicted ratios against the measured ones")
 
     sub.add_parser("serve", help="vLLM's OpenAI server with adaptspec on (see `serve -h`)")
 

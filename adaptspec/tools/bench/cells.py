@@ -17,7 +17,7 @@ from adaptspec.tools.bench.servers import Server
 # ------------------------------------------------------------------------------ load
 
 
-def _body(req: workload.Request, prompt: str) -> dict[str, Any]:
+def request_body(req: workload.Request, prompt: str) -> dict[str, Any]:
     return {"model": "bench", "prompt": prompt, "max_tokens": req.max_tokens,
             "temperature": req.temperature, "seed": req.seed, "ignore_eos": True,
             "vllm_xargs": {"adaptspec_class": req.cls}}
@@ -64,7 +64,7 @@ class Sampler:
     def _run(self) -> None:
         while not self._stop.wait(self.every):
             m = self.server.metrics()
-            self.samples.append({"t": time.monotonic() - self._t0, **_class_counters(m)})
+            self.samples.append({"t": time.monotonic() - self._t0, **class_counters(m)})
 
     def stop(self) -> list[dict[str, Any]]:
         self._stop.set()
@@ -72,7 +72,7 @@ class Sampler:
         return self.samples
 
 
-def _class_counters(m: dict[str, dict]) -> dict[str, dict[str, float]]:
+def class_counters(m: dict[str, dict]) -> dict[str, dict[str, float]]:
     """Cumulative per-class adaptspec counters: drafted, accepted, chosen K sum and count, the
     speculating decisions per proposer chosen (`speculate_<proposer>`) and the drafts each
     proposer had verified and accepted (`drafted_<proposer>`, `accepted_<proposer>`)."""
@@ -167,7 +167,7 @@ def run_cell(server: Server, stream: list[workload.Request], prompts: dict[str, 
 
     def one(req: workload.Request) -> tuple[workload.Request, float, StreamResult]:
         start = time.perf_counter() - t0
-        res = stream_completion(server.port, _body(req, prompts[req.id]), timeout=1800)
+        res = stream_completion(server.port, request_body(req, prompts[req.id]), timeout=1800)
         tick()
         return req, start, res
 
@@ -187,14 +187,19 @@ def run_cell(server: Server, stream: list[workload.Request], prompts: dict[str, 
                       "chunk_tokens": res.chunk_tokens} for r, start, res in results],
         "k_hist_before": _k_histogram(before), "k_hist_after": _k_histogram(after),
         "spec_before": _spec_counters(before), "spec_after": _spec_counters(after),
-        "class_before": _class_counters(before), "class_after": _class_counters(after),
+        "class_before": class_counters(before), "class_after": class_counters(after),
     }
 
 
-def median_gap_ms(requests: list[dict[str, Any]]) -> float:
-    """Median inter-token gap of run_cell's requests, each token of a chunk getting the chunk's
+def gaps_ms(requests: list[dict[str, Any]]) -> list[float]:
+    """Inter-token gaps (ms) of run_cell's requests, each token of a chunk getting the chunk's
     gap over its tokens (as the benchmark's per-class ITL)."""
-    gaps = [(t[i] - t[i - 1]) * 1e3 / k[i] for r in requests
+    return [(t[i] - t[i - 1]) * 1e3 / k[i] for r in requests
             for t, k in [(r["chunk_times"], r["chunk_tokens"])] for i in range(1, len(t))
             for _ in range(k[i])]
+
+
+def median_gap_ms(requests: list[dict[str, Any]]) -> float:
+    """Median of `gaps_ms`."""
+    gaps = gaps_ms(requests)
     return statistics.median(gaps) if gaps else float("nan")

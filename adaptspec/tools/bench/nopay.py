@@ -137,7 +137,7 @@ def _run_slice(server: Server, reqs: list[workload.Request], lc: workload.Reques
 
 
 def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
-    """What counters moved between two readings (nested per class, as _class_counters gives)."""
+    """What counters moved between two readings (nested per class, as class_counters gives)."""
     return {k: _delta(v, before.get(k, {})) if isinstance(v, dict) else v - before.get(k, 0.0)
             for k, v in after.items()}
 

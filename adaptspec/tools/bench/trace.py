@@ -39,7 +39,14 @@ from typing import Any
 
 from adaptspec.serve import free_port
 from adaptspec.tools.bench import workload
-from adaptspec.tools.bench.cells import Sampler, _class_counters, decode_by_batch, run_cell
+from adaptspec.tools.bench.cells import (
+    Sampler,
+    class_counters,
+    decode_by_batch,
+    gaps_ms,
+    request_body,
+    run_cell,
+)
 from adaptspec.tools.bench.client import stream_completion
 from adaptspec.tools.bench.nopay import report
 from adaptspec.tools.bench.prompts import load_trace
@@ -126,10 +133,8 @@ class LatencyStream:
             if self._stop.is_set():
                 return
             start = time.perf_counter()
-            res = stream_completion(self.server.port, {
-                "model": "bench", "prompt": self.prompts[req.id], "max_tokens": req.max_tokens,
-                "temperature": 0.0, "seed": req.seed, "ignore_eos": True,
-                "vllm_xargs": {"adaptspec_class": req.cls}}, timeout=600)
+            res = stream_completion(self.server.port, request_body(req, self.prompts[req.id]),
+                                    timeout=600)
             self.done.append({"id": req.id, "cls": req.cls, "start": round(start - self.t0, 5),
                               "tokens": res.tokens, "error": res.error,
                               "chunk_times": [round(t, 5) for t in res.chunk_times],
@@ -180,8 +185,8 @@ def run_config(cfg: Config, model: str, rendered: dict[str, str],
     finally:
         server.stop()
     return {"server_start_s": start_s, "phases": out_phases, "lc_requests": lc_done,
-            "samples": samples, "classes": _class_counters(after),
-            "classes_before": _class_counters(before)}
+            "samples": samples, "classes": class_counters(after),
+            "classes_before": class_counters(before)}
 
 
 # ------------------------------------------------------------------------------ the report
@@ -192,13 +197,6 @@ def _pct(xs: list[float], q: float) -> float | None:
         return None
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
-def _gaps_ms(requests: list[dict[str, Any]]) -> list[float]:
-    """Inter-token gaps, each token of a chunk getting the chunk's gap over its tokens."""
-    return [(t[i] - t[i - 1]) * 1e3 / k[i] for r in requests
-            for t, k in [(r["chunk_times"], r["chunk_tokens"])] for i in range(1, len(t))
-            for _ in range(k[i])]
 
 
 def summarize(run: dict[str, Any]) -> dict[str, Any]:
@@ -212,7 +210,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     for r in reqs + run["lc_requests"]:
         if r["chunk_times"]:
             ttft.setdefault(r["cls"], []).append(r["chunk_times"][0] * 1e3)
-    gaps = _gaps_ms(run["lc_requests"])
+    gaps = gaps_ms(run["lc_requests"])
     spec = {k: sum(p["spec"].get(k, 0.0) for p in phases)
             for k in ("vllm:spec_decode_num_draft_tokens_total",
                       "vllm:spec_decode_num_accepted_tokens_total")}
@@ -235,10 +233,8 @@ def timeline(run: dict[str, Any], bin_s: float = BIN_S) -> dict[str, list[float]
     """For the plot: output tokens/s per `bin_s` of the trace (every chunk of every request,
     latency-critical ones included), and per sampling interval the mean K chosen and the share
     of speculating decisions that went to the draft model (adaptspec servers)."""
-    arrivals = [(r["start"] + t, n) for p in run["phases"] for r in p["requests"]
+    arrivals = [(r["start"] + t, n) for r in _all_requests(run)
                 for t, n in zip(r["chunk_times"], r["chunk_tokens"], strict=True)]
-    arrivals += [(r["start"] + t, n) for r in run["lc_requests"]
-                 for t, n in zip(r["chunk_times"], r["chunk_tokens"], strict=True)]
     end = max((t for t, _ in arrivals), default=0.0)
     bins = [0.0] * (int(end // bin_s) + 1)
     for t, n in arrivals:
