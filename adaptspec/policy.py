@@ -251,6 +251,13 @@ class Policy(_Strict):
         "used); 0 = ignore confidences",
     )
     fallback_k: int = Field(0, ge=0, le=64, description="K used when the controller fails")
+    latency_critical_engines: list[int] = Field(
+        default_factory=list,
+        description="separate queues under data parallelism (--data-parallel-size 2 or more): "
+        "the engines, by index, that take the latency-critical classes' requests and never "
+        "draft; the other engines take the other classes and speculate freely. Empty: every "
+        "engine takes every class, and the latency-critical slack rules shared batches",
+    )
     max_classes: int = Field(32, ge=1, le=10_000)
     max_requests: int = Field(4096, ge=1, le=1_000_000)
     cost_model: CostModel = Field(default_factory=lambda: CostModel(preset="cpu"))
@@ -323,6 +330,13 @@ class Policy(_Strict):
             )
         if self.fallback_k > self.k_max:
             raise ValueError(f"fallback_k ({self.fallback_k}) exceeds k_max ({self.k_max})")
+        engines = self.latency_critical_engines
+        if any(e < 0 for e in engines) or len(set(engines)) != len(engines):
+            raise ValueError(f"latency_critical_engines {engines} must be distinct engine "
+                             "indices, 0 or more")
+        if engines and not any(c.latency_critical for c in self.classes.values()):
+            raise ValueError("latency_critical_engines is set but no class is latency_critical: "
+                             "those engines would take no request")
         return self
 
     def class_k_max(self, name: str) -> int:

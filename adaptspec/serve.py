@@ -98,6 +98,19 @@ def build_command(model: str, passthrough: Sequence[str], policy: Policy,
     return server_command(model, args, python=python)
 
 
+def check_engines(policy: Policy, args: Sequence[str]) -> None:
+    """Refuse a separate-queues split (latency_critical_engines) that the data-parallel size
+    in `args` cannot serve, before vLLM starts (the plugin checks it again in vLLM's config)."""
+    from adaptspec.routing import split_engines
+
+    size = _flag_value(args, "--data-parallel-size") or _flag_value(args, "-dp") or "1"
+    try:
+        engines = int(size)
+    except ValueError:
+        return  # vLLM's own parser says what is wrong with it
+    split_engines(policy, engines)
+
+
 def server_command(model: str, args: Sequence[str], adaptive: bool = True,
                    python: str = sys.executable) -> list[str]:
     """vLLM's OpenAI server for `model` with `args`, adding what they leave out: with
@@ -197,6 +210,7 @@ def serve(argv: Sequence[str]) -> int:
     try:
         policy = load_policy(ns.policy)
         cmd = build_command(ns.model, passthrough, policy, ns.proposer)
+        check_engines(policy, passthrough)
     except (PolicyError, ServeError) as e:
         print(f"adaptspec serve: {e}", file=sys.stderr)
         return 2

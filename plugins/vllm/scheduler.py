@@ -131,8 +131,15 @@ class _Adaptive:
         model = names[0] if isinstance(names, list) else names
         from adaptspec_vllm.proposer import proposer_names
 
+        k_cap = spec.num_speculative_tokens
+        if engine in policy.latency_critical_engines:
+            # separate queues (adaptspec_vllm.router): the API server sends this engine the
+            # latency-critical classes, and it drafts nothing for anyone
+            k_cap = 0
+            log.info("adaptspec: engine %d is one of latency_critical_engines: it never drafts",
+                     engine)
         self.runtime = AdaptiveRuntime(
-            policy, k_cap=spec.num_speculative_tokens, metrics=metrics, model=model,
+            policy, k_cap=k_cap, metrics=metrics, model=model,
             proposers=proposer_names(spec), engine=engine,
         )
         log.info("adaptspec: adaptive K on (policy %s, proposers %s, K <= %d, classes %s)",

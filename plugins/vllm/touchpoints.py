@@ -99,6 +99,18 @@ TOUCH_POINTS: dict[str, tuple[TouchPoint, ...]] = {
         TouchPoint("vllm.v1.spec_decode.custom_class_proposer:create_custom_proposer",
                    ("vllm_config",), source=("user_class(vllm_config)",)),
     ),
+    # router.py, in the API server, only with the policy's latency_critical_engines
+    "router": (
+        TouchPoint("vllm.engine.arg_utils:EngineArgs.create_engine_config"),
+        TouchPoint("vllm.v1.engine.core_client:DPLBAsyncMPClient",
+                   fields=("lb_engines", "engine_inflight", "core_engines", "client_count",
+                           "reqs_in_flight")),
+        TouchPoint("vllm.v1.engine.core_client:DPLBAsyncMPClient.get_core_engine_for_request",
+                   ("request",), source=("eng_index:=request.data_parallel_rank",)),
+        TouchPoint("vllm.v1.engine:EngineCoreRequest",
+                   fields=("request_id", "sampling_params", "priority", "data_parallel_rank")),
+        TouchPoint("vllm.config:ParallelConfig", fields=("data_parallel_size",)),
+    ),
     "sampler": (
         TouchPoint("vllm.v1.sample.rejection_sampler:expand_batch_to_tokens",
                    ("x", "cu_num_tokens", "num_tokens", "replace_from", "replace_to")),
