@@ -54,6 +54,12 @@ def cmd_bench_trace(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_bench_queues(args: argparse.Namespace) -> int:
+    from adaptspec.tools.bench.queues import run
+
+    return run(args)
+
+
 def cmd_bench_decide(args: argparse.Namespace) -> int:
     from adaptspec.policy import CostModel
     from adaptspec.tools.bench.decide import time_decisions
@@ -200,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "a day of traffic: one server per configuration through phases of 1, 4, "
                    "16, 4 and 1 users, code then chat and math then writing, a "
                    "latency-critical stream throughout")
+    _bench_command(bench_sub, "queues", "adaptspec.tools.bench.queues", cmd_bench_queues,
+                   "separate queues: DP=2 with latency-critical requests on an engine of "
+                   "their own vs DP=2 shared vs plain DP=2, one mixed stream")
     _bench_command(bench_sub, "calibrate", "adaptspec.tools.bench.calibrate",
                    cmd_bench_calibrate,
                    "fit the simulator's cpu step-time preset to a bench.json and check "
@@ -269,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         return models_main(argv[1:], prog="adaptspec models")
     if argv[:1] == ["bench"] and argv[1:2] not in (["run"], ["decide"], ["calibrate"],
                                                   ["nopay"], ["unseen"], ["vllm-client"],
-                                                  ["trace"], ["-h"], ["--help"]):
+                                                  ["trace"], ["queues"], ["-h"], ["--help"]):
         argv = ["bench", "run", *argv[1:]]  # `adaptspec bench --quick` runs the benchmark
     args = build_parser().parse_args(argv)
     try:

