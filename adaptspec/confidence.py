@@ -9,7 +9,8 @@ a < d, one failure (positions after the first rejection say nothing), as for the
 estimates (adaptspec/acceptance.py). A bin's posterior mean is then the calibrated per-token
 acceptance of drafts with that confidence, and its log-odds over the row's pooled rate how far
 such a draft sits from the row's per-position estimates; a bin with too little evidence says
-nothing, and the controller falls back to its class estimate blended with the raw confidence.
+nothing, and the controller falls back to its class estimate blended with the raw confidence,
+never cutting such a draft below its first token (only verified tokens calibrate).
 
 Bins rather than a fitted curve: the counts decay every step like the rest of the controller's
 evidence, update in place on the hot path, and need no refit.
@@ -101,7 +102,8 @@ def confidence_keep(val: np.ndarray, c: np.ndarray, shift: np.ndarray, w: float,
     """How many draft tokens each request keeps once its draft's own confidence is weighed
     (Controller.cut): `val` [k_max, m] the plan's running product of per-position acceptance,
     `c` each draft's confidence, `shift` its calibrated log-odds shift (non-finite: no
-    calibration yet, blend c in with weight w), `threshold` the plan's bin."""
+    calibration yet, blend c in with weight w, and keep at least the first token, so that it
+    is verified and calibrates), `threshold` the plan's bin."""
     # Per-position acceptance back from the running product (0 once a product reached 0).
     prev = np.vstack([np.ones((1, val.shape[1])), val[:-1]])
     alpha = np.divide(val, prev, out=np.zeros_like(val), where=prev > 0)
@@ -112,4 +114,10 @@ def confidence_keep(val: np.ndarray, c: np.ndarray, shift: np.ndarray, w: float,
     # Bin b of a value v is floor(sqrt(v) * (BINS - 1)) + 1 (see step_reference.decide):
     # reaching the threshold bin is reaching this value.
     floor = ((threshold - 1) / (BINS - 1)) ** 2
-    return np.maximum((blended >= floor).sum(axis=0), k_min)
+    kept = (blended >= floor).sum(axis=0)
+    # A draft whose confidence has no calibration yet keeps its first token: a cut token is
+    # never verified, and only verified tokens calibrate, so a raw confidence that undersells
+    # its proposer (an n-gram's match-length prior on code accepted 19 times in 20) would
+    # otherwise cut every such draft for good. One token is the least that measures it.
+    kept = np.where(np.isfinite(shift) | (val[0] <= 0), kept, np.maximum(kept, 1))
+    return np.maximum(kept, k_min)

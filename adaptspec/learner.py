@@ -412,8 +412,8 @@ class Learner:
         confidence c. Where its (class, proposer) row has calibrated confidences like c
         (adaptspec/confidence.py: the acceptance measured for drafts of that confidence), each
         position's acceptance is moved by that bin's log-odds over the row's; until then c is
-        blended in as
-        (1 - w) alpha + w c, with w = policy.confidence_weight (0 turns confidences off). The
+        blended in as (1 - w) alpha + w c, with w = policy.confidence_weight (0 turns
+        confidences off), and the draft keeps at least its first token, to calibrate. The
         draft keeps the tokens that still reach the threshold: a confident draft keeps what
         was planned, a doubtful one is cut short, and the step costs what was predicted or
         less. Requests the last decision did not cover keep their drafts; forced positions

@@ -90,6 +90,25 @@ def test_calibrated_confidence_replaces_the_raw_blend_in_the_cut() -> None:
     assert est[0] < 0.4 < 0.85 < est[1], est
 
 
+def test_an_uncalibrated_confidence_cannot_keep_drafts_off() -> None:
+    """A proposer whose raw confidence undersells it (0.2 said, every token accepted): blended
+    raw, its drafts would be cut to nothing, never verified and never calibrated. The first
+    token of each is kept and verified, the bin calibrates, and the drafts get their planned
+    length back."""
+    ctl = _controller(weight=1.0)
+    slots = np.array([ctl.add_request(f"r{i}", "chat") for i in range(4)])
+    conf = np.full(4, 0.2)
+    drafted = np.zeros(4, dtype=np.int64)
+    cuts = []
+    for _ in range(30):
+        ks = ctl.step(slots, drafted, drafted, None)  # every verified token accepted
+        drafted = ctl.cut(slots, ks, conf)
+        cuts.append(drafted.copy())
+    assert cuts[0].tolist() == [1] * 4  # uncalibrated: the first token only
+    assert (cuts[-1] == ks).all() and ks.min() > 1  # calibrated: as planned
+    assert ctl.confidence.predict(np.zeros(1, dtype=np.int64), np.array([0.2]))[0] > 0.85
+
+
 def test_a_zero_weight_turns_confidences_off() -> None:
     ctl = _controller(weight=0.0)
     slots = np.array([ctl.add_request("a", "chat")])

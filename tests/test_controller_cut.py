@@ -40,7 +40,9 @@ def test_confidence_weight_zero_or_unknown_requests_leave_drafts_alone() -> None
     ctl, slots, ks = _planned(confidence_weight=0.0)
     assert ctl.cut(slots, ks, np.zeros(8)).tolist() == ks.tolist()
     ctl, slots, ks = _planned(confidence_weight=1.0)
-    assert ctl.cut(slots, ks, np.zeros(8)).tolist() == [0] * 8
+    # all weight on a confidence of 0 that nothing has calibrated: the first token stays, the
+    # least that measures it (a cut token is never verified, and never calibrates)
+    assert ctl.cut(slots, ks, np.zeros(8)).tolist() == [1] * 8
     other = np.array([ctl.add_request("late", "code")])  # joined after the decision
     assert ctl.cut(other, np.array([5]), np.zeros(1)).tolist() == [5]
     assert Controller(policy()).cut(slots, ks, np.zeros(8)).tolist() == ks.tolist()
