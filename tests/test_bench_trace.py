@@ -138,13 +138,14 @@ def test_queues_cell_compares_three_dp2_servers_on_one_stream() -> None:
 
 def test_queues_verdict_pairs_each_repeat_with_plain() -> None:
     from adaptspec.tools.bench.queues import format_table, judge
+    from adaptspec.tools.bench.trace import Phase
 
     # one phase of 10 tokens: plain 10 s; shared 12.5 s with LC gaps 0.2 s; separate 8 s, 0.21 s
     repeats = [{"none": _run([10.0], 0.2), "adaptspec_shared": _run([12.5], 0.2, drafted=4),
                 "adaptspec_separate": _run([8.0], 0.21, drafted=8)},
                {"none": _run([20.0], 0.2), "adaptspec_shared": _run([25.0], 0.2),
                 "adaptspec_separate": _run([16.0], 0.21)}]
-    v = judge(repeats)
+    v = judge(repeats, Phase("p", 4, ("code",), 1))
     assert v["adaptspec_separate"]["others_tok_s"]["per_repeat"] == pytest.approx([1.25, 1.25])
     assert v["adaptspec_shared"]["others_tok_s"]["median"] == pytest.approx(0.8)
     assert v["adaptspec_separate"]["lc_gap_p50_ms"]["median"] == pytest.approx(1.05)

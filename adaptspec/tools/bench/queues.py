@@ -19,7 +19,6 @@ spread over repeats, and the greedy gate (every request's tokens against plain's
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ from adaptspec.tools.bench.trace import (
     run_config,
     summarize,
 )
+from adaptspec.tools.bench.trace import judge as trace_judge
 
 DP = ("--data-parallel-size", "2")
 OURS = {"method": "custom_class", "model": OURS_NGRAM, "num_speculative_tokens": 8}
@@ -49,22 +49,13 @@ CONFIGS = (
 )
 
 
-def judge(repeats: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    """Per configuration, over plain in the same repeat: the other classes' tokens/s and the
-    latency-critical gaps; medians and spreads."""
-    per: dict[str, dict[str, list[float]]] = {}
-    for rep in repeats:
-        base = summarize(rep[PLAIN])
-        for name, run in rep.items():
-            s = summarize(run)
-            d = per.setdefault(name, {})
-            d.setdefault("others_tok_s", []).append(s["tok_per_s"] / base["tok_per_s"])
-            for key in ("lc_gap_p50_ms", "lc_gap_p99_ms"):
-                if s[key] and base[key]:
-                    d.setdefault(key, []).append(s[key] / base[key])
-    return {name: {k: {"per_repeat": v, "median": statistics.median(v),
-                       "spread": max(v) - min(v)} for k, v in d.items()}
-            for name, d in per.items()}
+def judge(repeats: list[dict[str, dict[str, Any]]], phase: Phase) -> dict[str, Any]:
+    """Per configuration, over plain in the same repeat (trace.judge on the one phase): the
+    other classes' tokens/s and the latency-critical gaps; medians and spreads."""
+    verdict = trace_judge(repeats, (phase,))
+    return {name: {"others_tok_s": v["trace"],
+                   **{k: v[k] for k in ("lc_gap_p50_ms", "lc_gap_p99_ms") if k in v}}
+            for name, v in verdict.items() if name != "goals"}
 
 
 def format_table(verdict: dict[str, Any], repeats: list[dict[str, dict[str, Any]]]) -> str:
@@ -125,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
                                        out_dir / "logs" / f"{cfg.name}-{i}.log", (phase,),
                                        eager=True, lc_period=args.lc_period)
         repeats.append({c.name: rep[c.name] for c in CONFIGS})
-    verdict = judge(repeats)
+    verdict = judge(repeats, phase)
     mismatches = check_greedy(repeats)
     errors = [e for rep in repeats for r in rep.values() for p in r["phases"]
               for e in p["errors"]]
