@@ -152,3 +152,24 @@ def test_queues_verdict_pairs_each_repeat_with_plain() -> None:
     table = format_table(v, repeats)
     assert "separate over shared, other classes: 1.562 (goal > 1)" in table
     assert "8/4" in table  # drafts/accepted of the first repeat
+
+
+def test_repeats_rotate_the_order_and_errors_are_collected() -> None:
+    from adaptspec.tools.bench.servers import Config
+    from adaptspec.tools.bench.trace import request_errors, run_repeats
+
+    configs = [Config(n, None) for n in ("a", "b", "c")]
+    ran: list[tuple[str, int]] = []
+
+    def one(cfg: Config, i: int) -> dict[str, Any]:
+        ran.append((cfg.name, i))
+        run = _run([1.0], 0.1)
+        if (cfg.name, i) == ("b", 1):
+            run["phases"][0]["errors"] = ["t0-0: boom"]
+            run["lc_requests"][0]["error"] = "timeout"
+        return run
+
+    reps = run_repeats(configs, 2, one)
+    assert ran == [("a", 0), ("b", 0), ("c", 0), ("b", 1), ("c", 1), ("a", 1)]
+    assert [list(r) for r in reps] == [["a", "b", "c"]] * 2
+    assert request_errors(reps) == ["t0-0: boom", "lc-0: timeout"]

@@ -34,7 +34,9 @@ from adaptspec.tools.bench.trace import (
     check_greedy,
     lc_stream,
     make_trace,
+    request_errors,
     run_config,
+    run_repeats,
     summarize,
 )
 from adaptspec.tools.bench.trace import judge as trace_judge
@@ -106,22 +108,12 @@ def run(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     t_all = time.monotonic()
-    repeats: list[dict[str, dict[str, Any]]] = []
-    for i in range(args.repeats):
-        order = CONFIGS[i % len(CONFIGS):] + CONFIGS[:i % len(CONFIGS)]
-        rep = {}
-        for cfg in order:
-            print(f"[repeat {i + 1}/{args.repeats}] {cfg.name}", file=sys.stderr, flush=True)
-            rep[cfg.name] = run_config(cfg, model, rendered, trace, lc, warmup, policy,
-                                       out_dir / "logs" / f"{cfg.name}-{i}.log", (phase,),
-                                       eager=True, lc_period=args.lc_period)
-        repeats.append({c.name: rep[c.name] for c in CONFIGS})
+    repeats = run_repeats(CONFIGS, args.repeats, lambda cfg, i: run_config(
+        cfg, model, rendered, trace, lc, warmup, policy, out_dir / "logs" / f"{cfg.name}-{i}.log",
+        (phase,), eager=True, lc_period=args.lc_period))
     verdict = judge(repeats, phase)
     mismatches = check_greedy(repeats)
-    errors = [e for rep in repeats for r in rep.values() for p in r["phases"]
-              for e in p["errors"]]
-    errors += [f"{r['id']}: {r['error']}" for rep in repeats for run_ in rep.values()
-               for r in run_["lc_requests"] if r["error"]]
+    errors = request_errors(repeats)
     cmd = " ".join(["adaptspec bench queues", *sys.argv[3:]]) if len(sys.argv) > 2 else ""
     table = format_table(verdict, repeats) + (
         f"\n{cmd}: {model}, {len(repeats)} repeats, {(time.monotonic() - t_all) / 60:.1f} min; "

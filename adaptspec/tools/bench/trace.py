@@ -33,6 +33,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -413,6 +414,30 @@ def plot(repeats: list[dict[str, dict[str, Any]]], path: Path) -> str | None:
 # ------------------------------------------------------------------------------ main
 
 
+def run_repeats(configs: Sequence[Config], repeats: int,
+                run_one: Callable[[Config, int], dict[str, Any]]
+                ) -> list[dict[str, dict[str, Any]]]:
+    """`run_one(config, repeat)` for every configuration, a fresh server each, the order
+    rotating per repeat; each repeat's runs in the configurations' order."""
+    out = []
+    for i in range(repeats):
+        order = [*configs[i % len(configs):], *configs[:i % len(configs)]]
+        rep = {}
+        for cfg in order:
+            print(f"[repeat {i + 1}/{repeats}] {cfg.name}", file=sys.stderr, flush=True)
+            rep[cfg.name] = run_one(cfg, i)
+        out.append({c.name: rep[c.name] for c in configs})
+    return out
+
+
+def request_errors(repeats: list[dict[str, dict[str, Any]]]) -> list[str]:
+    """Every failed request of every run, the trace's and the latency-critical stream's."""
+    errors = [e for rep in repeats for r in rep.values() for p in r["phases"]
+              for e in p["errors"]]
+    return errors + [f"{r['id']}: {r['error']}" for rep in repeats for run_ in rep.values()
+                     for r in run_["lc_requests"] if r["error"]]
+
+
 def run(args: argparse.Namespace) -> int:
     from adaptspec.tools import models
 
@@ -448,23 +473,12 @@ def run(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     t_all = time.monotonic()
-    repeats: list[dict[str, dict[str, Any]]] = []
-    for i in range(args.repeats):
-        shift = i % len(configs)
-        order = configs[shift:] + configs[:shift]
-        rep = {}
-        for cfg in order:
-            print(f"[repeat {i + 1}/{args.repeats}] {cfg.name}", file=sys.stderr, flush=True)
-            rep[cfg.name] = run_config(cfg, target, rendered, trace, lc, warmup, policy,
-                                       out_dir / "logs" / f"{cfg.name}-{i}.log", phases,
-                                       eager=not args.compiled, lc_period=args.lc_period)
-        repeats.append({c.name: rep[c.name] for c in configs})
+    repeats = run_repeats(configs, args.repeats, lambda cfg, i: run_config(
+        cfg, target, rendered, trace, lc, warmup, policy, out_dir / "logs" / f"{cfg.name}-{i}.log",
+        phases, eager=not args.compiled, lc_period=args.lc_period))
     verdict = judge(repeats, phases)
     mismatches = check_greedy(repeats)
-    errors = [e for rep in repeats for r in rep.values() for p in r["phases"]
-              for e in p["errors"]]
-    errors += [f"{r['id']}: {r['error']}" for rep in repeats for run_ in rep.values()
-               for r in run_["lc_requests"] if r["error"]]
+    errors = request_errors(repeats)
     table = format_table(verdict, repeats, phases) + "\n\n" + ttft_table(repeats)
     if dec := decode_table({f"{name} (repeat 1)": d for name, run_ in repeats[0].items()
                             if (d := decode_by_batch(_spec_sum(run_), {}))}):
