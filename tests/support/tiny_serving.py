@@ -44,10 +44,10 @@ def policy_text(**keys: Any) -> str:
 
 
 def serve_command(model: str, policy: str, port: int, *extra: str,
-                  max_num_seqs: int = 8) -> list[str]:
-    """`adaptspec serve` as a user runs it, on the tiny target (float32, eager, 512 tokens),
-    named `tiny`; `extra` goes to it as given."""
+                  max_num_seqs: int = 8, max_model_len: int = 512) -> list[str]:
+    """`adaptspec serve` as a user runs it, on the tiny target (float32, eager, 512 tokens unless
+    told), named `tiny`; `extra` goes to it as given."""
     return [sys.executable, "-m", "adaptspec.cli", "serve", model, "--policy", policy,
-            "--port", str(port), "--dtype", "float32", "--max-model-len", "512",
+            "--port", str(port), "--dtype", "float32", "--max-model-len", str(max_model_len),
             "--max-num-seqs", str(max_num_seqs), "--enforce-eager", "--served-model-name", "tiny",
             *extra]
