@@ -160,8 +160,11 @@ def run_repeat(configs: list[Config], model: str, rendered: dict[str, str],
     slowest request ends: with one request per client, speculation's gain on the others is not
     seen and its cost is; longer slices (more requests per client) see more of the gain."""
     log_dir.mkdir(parents=True, exist_ok=True)
+    # Started in an order that rotates with the repeat: engines in one process, started one
+    # after another, ran their steps 6% apart by start order alone (docs/benchmarks.md).
+    first = repeat % len(configs)
     servers = {c.name: _start(c, model, policy, log_dir / f"{c.name}-{repeat}.log",
-                              concurrency, eager) for c in configs}
+                              concurrency, eager) for c in configs[first:] + configs[:first]}
     cells: dict[str, list[dict[str, Any]]] = {c.name: [] for c in configs}
     try:
         start_s = {n: s.wait_ready() for n, s in servers.items()}
