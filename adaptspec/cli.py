@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     mod = sub.add_parser("models", help="build the test model pair or fetch the Qwen pair; "
                                         "`models self-draft -h`: a draft from the target's "
-                                        "first layers")
+                                        "first layers; `models eagle -h`: an EAGLE head")
     mod.add_argument("which", choices=["tiny", "qwen"])
     mod.add_argument("--out", default=None, help="output folder (default: ~/.cache/adaptspec)")
     mod.add_argument("--roles", nargs="+", choices=["draft", "target"],
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         from adaptspec.serve import serve
 
         return serve(argv[1:])
-    if argv[:2] == ["models", "self-draft"]:
+    if argv[:2] in (["models", "self-draft"], ["models", "eagle"]):
         from adaptspec.tools.models import main as models_main
 
         return models_main(argv[1:], prog="adaptspec models")

@@ -21,11 +21,15 @@ to vLLM as ``model=``.
 This package does not import vLLM, and torch, transformers, tokenizers (extra
 ``models``) are imported only inside the functions that need them.
 
+``eagle.py`` trains an EAGLE-1 head for a Llama or Qwen2 target by self-distillation, in the
+form vLLM's ``eagle`` method loads (manifest ``eagle.json``, no cache: see there).
+
 ``selfdraft.py`` builds a self-speculative draft from a Llama or Qwen2 target folder: its first
 N layers with a fitted exit adapter folded into the head (no manifest, no cache: see there).
 
 Command line: ``python -m adaptspec.tools.models {tiny,qwen} [--out DIR] [--force]`` and
-``python -m adaptspec.tools.models self-draft TARGET --layers N|auto --out DIR`` (also
+``python -m adaptspec.tools.models self-draft TARGET --layers N|auto --out DIR``,
+``python -m adaptspec.tools.models eagle TARGET --out DIR`` (also
 ``adaptspec models ...``).
 """
 
@@ -105,6 +109,37 @@ def _self_draft(args: Any) -> int:
     return 0
 
 
+def _eagle_arguments(ap: Any) -> None:
+    from adaptspec.tools.models import eagle
+
+    ap.add_argument("target", help="the target model folder (Hugging Face format, safetensors)")
+    ap.add_argument("--out", required=True, help="the head's folder to write")
+    ap.add_argument("--force", action="store_true", help="replace --out if it exists")
+    ap.add_argument("--steps", type=int, default=eagle.STEPS, help="training steps")
+    ap.add_argument("--gen-tokens", type=int, default=eagle.GEN_TOKENS,
+                    help="tokens the target generates per training prompt")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2,
+                    help="torch threads (fixed, so that the bytes repeat)")
+
+
+def _eagle(args: Any) -> int:
+    """``eagle``: one line on stderr and exit code 2 for inputs it cannot use."""
+    from adaptspec.tools.models import eagle
+
+    try:
+        res = eagle.build_eagle(args.target, args.out, steps=args.steps,
+                                gen_tokens=args.gen_tokens, seed=args.seed,
+                                threads=args.threads, force=args.force,
+                                progress=lambda m: print(m, file=sys.stderr, flush=True))
+    except eagle.EagleError as e:
+        print(f"adaptspec models eagle: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"dir": str(res.path), "train": res.report["train"],
+                      "acceptance": res.report["acceptance"]}, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m adaptspec.tools.models") -> int:
     import argparse
 
@@ -120,9 +155,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m adaptspec.tools.m
             p.add_argument("--seed", type=int, default=0)
     _self_draft_arguments(sub.add_parser(
         "self-draft", help="a draft from the target's first N layers plus a fitted exit adapter"))
+    _eagle_arguments(sub.add_parser(
+        "eagle", help="an EAGLE-1 head for vLLM's `eagle` method, trained by self-distillation"))
     args = ap.parse_args(argv)
     if args.which == "self-draft":
         return _self_draft(args)
+    if args.which == "eagle":
+        return _eagle(args)
     if args.which == "tiny":
         m = build_tiny(args.out, train_steps=args.train_steps, seed=args.seed, force=args.force,
                        verify=args.verify)
