@@ -219,6 +219,12 @@ def test_configs_cover_none_static_and_adaptive() -> None:
                                                "num_speculative_tokens": 2}
     assert selfd["vllm_draft_k2"].spec["model"] == "/draft"
     assert selfd["adaptspec_hybrid_selfdraft"].env == {"ADAPTSPEC_DRAFT_MODEL": "/self"}
+    assert not any("eagle" in n for n in names)
+    eagle = {c.name: c for c in servers.make_configs("/draft", servers.FULL, eagle="/head")}
+    assert eagle["vllm_eagle_k2"].spec == {"method": "eagle", "model": "/head",
+                                           "num_speculative_tokens": 2}
+    assert eagle["adaptspec_eagle"].adaptive and eagle["adaptspec_eagle"].spec == {
+        "method": "eagle", "model": "/head", "num_speculative_tokens": max(servers.FULL.draft_k)}
 
 
 def test_the_gpu_comparison_keeps_vllms_modes_and_composes_with_adaptive_verification() -> None:

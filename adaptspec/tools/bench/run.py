@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         target, draft, label = _models(args.quick, args.target, args.draft)
     configs = (gpu_configs(args.eagle3) if args.gpu
-               else make_configs(draft, sizes, args.self_draft))
+               else make_configs(draft, sizes, args.self_draft, args.eagle))
     if args.configs and "none_sync" in args.configs:
         # Plain decoding under the synchronous scheduling adaptspec runs with: what async
         # scheduling alone is worth on this machine.
@@ -217,6 +217,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--self-draft", default=None, metavar="DIR",
                     help="a self-draft of the target (`adaptspec models self-draft`): adds "
                          "vllm_selfdraft_k* and adaptspec_hybrid_selfdraft beside the sibling")
+    ap.add_argument("--eagle", default=None, metavar="HEAD",
+                    help="an EAGLE head of the target (`adaptspec models eagle`): adds "
+                         "vllm_eagle_k* and adaptspec_eagle")
     ap.add_argument("--gpu", action="store_true",
                     help="one GPU with vLLM 0.33 (docs/gpu-runbook.md): --target and its "
                          "--eagle3 head; plain vs EAGLE-3 static, Dynamic SD, adaptive "

@@ -108,9 +108,12 @@ def gpu_configs(eagle3: str, k: int = 3) -> list[Config]:
     ]
 
 
-def make_configs(draft: str, sizes: Sizes, self_draft: str | None = None) -> list[Config]:
+def make_configs(draft: str, sizes: Sizes, self_draft: str | None = None,
+                 eagle: str | None = None) -> list[Config]:
     """The run's servers; `self_draft` (a folder from `adaptspec models self-draft`) adds vLLM's
-    draft_model over it at each draft K, and the hybrid with it as its model proposer."""
+    draft_model over it at each draft K, and the hybrid with it as its model proposer; `eagle`
+    (a head from `adaptspec models eagle`) adds vLLM's eagle over it at each draft K, and
+    adaptspec over vLLM's eagle."""
     ngram = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     hybrid = {"method": "custom_class", "model": OURS_HYBRID,
               "num_speculative_tokens": max(sizes.ngram_k)}
@@ -148,6 +151,13 @@ def make_configs(draft: str, sizes: Sizes, self_draft: str | None = None) -> lis
         out += vllm_draft("vllm_selfdraft", self_draft)
         out.append(Config("adaptspec_hybrid_selfdraft", hybrid, adaptive=True, family="ours",
                           env={"ADAPTSPEC_DRAFT_MODEL": self_draft}))
+    if eagle:
+        out += [Config(f"vllm_eagle_k{k}", {"method": "eagle", "model": eagle,
+                                            "num_speculative_tokens": k}, family="eagle")
+                for k in sizes.draft_k]
+        out.append(Config("adaptspec_eagle", {"method": "eagle", "model": eagle,
+                                              "num_speculative_tokens": max(sizes.draft_k)},
+                          adaptive=True, family="eagle"))
     return out
 
 
