@@ -14,6 +14,7 @@ Prints, and writes as JSON:
 - at 4 requests, how many requests had a proposal each step and how many kept it (the cut).
 
     python bench/acceptance_by_position.py ngram2            # vLLM's n-gram, K=2 (lookup 2-4)
+    python bench/acceptance_by_position.py eagle3 --eagle HEAD   # vLLM's eagle, K=3
     python bench/acceptance_by_position.py adaptspec [--policy FILE] [--json OUT]
 
 Wall time is printed but means little: single engines run one after another drift by more
@@ -46,7 +47,9 @@ def conditional(hist: dict[tuple[int, int], int]) -> list[tuple[int, int]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("mode", help="'ngramK' (vLLM's n-gram, static K) or 'adaptspec'")
+    ap.add_argument("mode", help="'ngramK' (vLLM's n-gram, static K), 'eagleK' (vLLM's eagle "
+                    "over --eagle HEAD, static K) or 'adaptspec'")
+    ap.add_argument("--eagle", default=None, help="an EAGLE head (`adaptspec models eagle`)")
     ap.add_argument("--policy", default="default", help="adaptspec's policy: a file or a "
                     "shipped policy's name")
     ap.add_argument("--model", default=DEFAULT_MODEL)
@@ -69,6 +72,11 @@ def main() -> None:
         kw["speculative_config"] = {"method": "ngram",
                                     "num_speculative_tokens": int(args.mode[5:]),
                                     "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    elif args.mode.startswith("eagle"):
+        if not args.eagle:
+            ap.error("eagleK needs --eagle HEAD")
+        kw["speculative_config"] = {"method": "eagle", "model": args.eagle,
+                                    "num_speculative_tokens": int(args.mode[5:])}
     elif args.mode == "adaptspec":
         kw["scheduler_cls"] = SCHEDULER_CLS
         kw["speculative_config"] = {"method": "custom_class", "model": PROPOSERS["ngram"],
