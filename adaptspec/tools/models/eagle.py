@@ -29,7 +29,6 @@ import hashlib
 import json
 import shutil
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from typing import Any
 from adaptspec.tools.models.cache import sha256_file
 from adaptspec.tools.models.selfdraft import (
     COPIED_FILES,
+    Progress,
     SelfDraftError,
     inspect_target,
     install,
@@ -53,8 +53,6 @@ LR = 1e-3
 CE_WEIGHT = 0.1  # EAGLE-1's weight of the token loss against the feature regression
 EVAL_K = 4
 EVAL_EVERY = 8  # measure drafting from every 8th generated position
-
-Progress = Callable[[str], Any]
 
 
 class EagleError(SelfDraftError):
