@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -74,8 +75,11 @@ def _serve(cmd: list[str], log: Path, env: dict[str, str], jobs: list[tuple[str,
     try:
         wait_until_up(base + "/health", proc, log, 400)
 
-        def one(job: tuple[str, list[int]]) -> dict[str, Any]:
+        def one(job: tuple[str, list[int]], together: threading.Barrier | None = None
+                ) -> dict[str, Any]:
             cls, prompt = job
+            if together is not None:
+                together.wait(timeout=300)
             o = _post(base + "/v1/completions", {
                 "model": "tiny", "prompt": prompt, "temperature": 0, "ignore_eos": True,
                 "max_tokens": LC_TOKENS if cls == "interactive" else CODE_TOKENS,
@@ -87,10 +91,19 @@ def _serve(cmd: list[str], log: Path, env: dict[str, str], jobs: list[tuple[str,
         for cls in dict(jobs):
             one(next(j for j in jobs if j[0] == cls))
         with ThreadPoolExecutor(len(jobs)) as pool:
-            lc = {i: pool.submit(one, j) for i, j in enumerate(jobs) if j[0] == "interactive"}
+            # sent together: on a starved machine a thread can start seconds after the others,
+            # and the first latency-critical request could end before the last one begins
+            together = threading.Barrier(n_lc)
+            lc = {i: pool.submit(one, j, together) for i, j in enumerate(jobs)
+                  if j[0] == "interactive"}
             deadline = time.monotonic() + 300
             while sum(_running(before := scrape()).values()) < n_lc:
-                assert time.monotonic() < deadline and not any(f.done() for f in lc.values())
+                for f in lc.values():
+                    if f.done():
+                        f.result()  # (its error, if it failed)
+                        raise AssertionError("a latency-critical request ended before the "
+                                             "server ran all of them")
+                assert time.monotonic() < deadline
                 time.sleep(0.01)
             rest = {i: pool.submit(one, j) for i, j in enumerate(jobs) if i not in lc}
             for f in rest.values():
