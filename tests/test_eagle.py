@@ -39,6 +39,7 @@ def test_two_builds_are_byte_identical(heads: list[Path]) -> None:
     first, second = (_digest(h) for h in heads)
     assert first == second
     assert {"config.json", "model.safetensors", MANIFEST} <= set(first)
+    assert all(f.stat().st_mode & 0o444 == 0o444 for f in heads[0].iterdir())
 
 
 def test_the_manifest_reports_training_and_measured_acceptance(heads: list[Path]) -> None:

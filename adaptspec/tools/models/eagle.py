@@ -260,6 +260,8 @@ def build_eagle(target: Path | str, out: Path | str, *, steps: int = STEPS,
         weights = hashlib.sha256((staging / "model.safetensors").read_bytes()).hexdigest()
         report["head_sha256"] = weights
         (staging / MANIFEST).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        for f in staging.iterdir():
+            f.chmod(0o644)  # a server may run as another user
         install(staging, out, force)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
