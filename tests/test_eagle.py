@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("transformers",
                     reason="needs the models extra: pip install 'adaptspec[models]'")
 
-from tiny_serving import policy_text  # noqa: E402
+from tiny_serving import priced_policy_text  # noqa: E402
 
 from adaptspec.tools.models.eagle import MANIFEST, EagleError, build_eagle  # noqa: E402
 
@@ -76,11 +76,7 @@ def runs(tiny_models: dict, heads: list[Path], tmp_path_factory: pytest.TempPath
     tmp = tmp_path_factory.mktemp("eagle_runs")
     target = tiny_models["target"]
     policy = tmp / "policy.yaml"
-    # a fixed step-time curve: on the tiny model the learned one (rightly) turns drafting off
-    policy.write_text(policy_text(
-        cost_model={"base_ms": 10, "per_request_ms": 0.1, "per_draft_token_ms": 0.2,
-                    "spec_overhead_ms": 0.0, "knee_tokens": 100000, "over_knee_ms": 0.0,
-                    "learn": False}, latency_critical_slack=0.5))
+    policy.write_text(priced_policy_text())
     prompts = code_prompts(Path(target) / "tokenizer.json", N_PROMPTS, length=48)
     base = {"model": target, "prompts": prompts, "max_tokens": 24,
             "classes": (["code", "interactive"] * N_PROMPTS)[:N_PROMPTS]}
@@ -104,11 +100,10 @@ def test_greedy_outputs_equal_plain_and_drafts_are_accepted(runs: dict, name: st
 
 @pytest.mark.vllm
 def test_adaptspec_over_eagle_gives_latency_critical_requests_no_drafts(runs: dict) -> None:
-    ours = runs["adaptspec_eagle"]["adaptspec"]
-    drafted: dict[str, float] = {}
-    for labels, v in ours.get("adaptspec_draft_tokens_total", {}).items():
-        cls = dict(labels)["class"]
-        drafted[cls] = drafted.get(cls, 0.0) + v
+    from adaptspec.tools.promtext import per_class
+
+    rows = per_class(runs["adaptspec_eagle"]["adaptspec"])
+    drafted = {c: r["draft_tokens"] for c, r in rows.items()}
     assert drafted.get("interactive", 0.0) == 0 and drafted.get("code", 0.0) > 0, drafted
     # its count is vLLM's, to the token: the drafts cut per request are not verified
     spec = runs["adaptspec_eagle"]["spec"]

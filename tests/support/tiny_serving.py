@@ -43,6 +43,18 @@ def policy_text(**keys: Any) -> str:
     return text
 
 
+def priced_policy_text(**keys: Any) -> str:
+    """The tests' policy with a fixed step-time curve where a draft token costs 2% of a step, no
+    learning: on the tiny model a step is so cheap that the learned cost model (rightly) turns
+    speculation off for everyone, which would hide what is tested; K then depends on acceptance
+    alone. A wide latency_critical_slack, so code requests may speculate in the same steps as
+    interactive ones (which themselves never draft); how the slack limits others is covered by
+    the controller's unit tests. `keys` as for policy_text."""
+    cost = {"base_ms": 10, "per_request_ms": 0.1, "per_draft_token_ms": 0.2,
+            "spec_overhead_ms": 0.0, "knee_tokens": 100000, "over_knee_ms": 0.0, "learn": False}
+    return policy_text(cost_model=cost, latency_critical_slack=0.5, **keys)
+
+
 def serve_command(model: str, policy: str, port: int, *extra: str,
                   max_num_seqs: int = 8, max_model_len: int = 512) -> list[str]:
     """`adaptspec serve` as a user runs it, on the tiny target (float32, eager, 512 tokens unless

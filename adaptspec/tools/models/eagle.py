@@ -25,7 +25,6 @@ place, as the self-draft is.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import tempfile
@@ -257,8 +256,7 @@ def build_eagle(target: Path | str, out: Path | str, *, steps: int = STEPS,
         for name in COPIED_FILES:
             if (info.path / name).is_file():
                 shutil.copyfile(info.path / name, staging / name)
-        weights = hashlib.sha256((staging / "model.safetensors").read_bytes()).hexdigest()
-        report["head_sha256"] = weights
+        report["head_sha256"] = sha256_file(staging / "model.safetensors")
         (staging / MANIFEST).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
         for f in staging.iterdir():
             f.chmod(0o644)  # a server may run as another user
