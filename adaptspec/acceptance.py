@@ -19,11 +19,17 @@ PRIOR_MIN = 1e-3
 
 
 class AcceptanceEstimator:
-    """Beta posteriors per (class, position) whose evidence decays each step.
+    """Beta posteriors per (class, position) whose evidence ages as it is replaced.
 
-    Decay pulls a class back to its prior when it stops being observed (e.g. because the
-    controller turned its speculation off), which is what makes a switched-off class get
-    re-tested once the prior says speculating could pay.
+    The first position's evidence decays by `forgetting` every step. That pulls a class back
+    to its prior when it stops being observed (e.g. because the controller turned its
+    speculation off), which is what makes a switched-off class get re-tested once the prior
+    says speculating could pay. A later position ages only as far as it was observed: by
+    forgetting^r in a step where a share r of the class's verified drafts reached it. So every
+    position holds about as much evidence as the first (1 / (1 - forgetting) steps of the
+    class's drafts), where decaying each step would leave a position that few drafts reach
+    (an n-gram's run past its first tokens, 85-100% accepted) with a few observations against
+    its prior, and read it as the prior.
 
     A position's prior is the class's (`set_prior`: one value per position), moved in log-odds
     by as much as the position before it has moved from its own prior: a position the

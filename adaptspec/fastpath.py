@@ -57,18 +57,17 @@ def feedback(ev: np.ndarray, n_classes: int, kk: int, decay: float, cls: np.ndar
              records: np.ndarray, slots: np.ndarray, drafted: np.ndarray,
              accepted: np.ndarray, req_decay: float) -> tuple:
     """One step's verifications: class evidence ev [classes, 4 kk] (succ | fail | priors)
-    decays by `decay` over its first n_classes rows, then position j succeeds for every
-    verification that accepted more than j drafts and fails at a for one that accepted a < d
-    (d, a clipped to 0..kk). A request's record (s, n) in records [2, slots] decays by
-    req_decay if it drafted, then s += (a > 0) and n += (d > 0): how often its drafts started
-    right (step_reference.decide says why).
+    over its first n_classes rows ages, then position j succeeds for every verification that
+    accepted more than j drafts and fails at a for one that accepted a < d (d, a clipped to
+    0..kk). The first position ages by `decay` every step; position j > 0 by decay^r, r the
+    share of the class's drafts verified this step that reached it (acceptance.py says why).
+    A request's record (s, n) in records [2, slots] decays by req_decay if it drafted, then
+    s += (a > 0) and n += (d > 0): how often its drafts started right (step_reference.decide
+    says why).
 
     Returns (the batch's records [2, n] after the update, drafted tokens in all, the longest
     draft, at least 0) - the last two for the step-time model."""
     n = slots.shape[0]
-    for c in range(n_classes):
-        for j in range(2 * kk):
-            ev[c, j] *= decay
     credit = np.zeros((n_classes, 2 * kk))  # counts, added once per cell
     sn = np.empty((2, n))
     spec = 0
@@ -90,8 +89,14 @@ def feedback(ev: np.ndarray, n_classes: int, kk: int, decay: float, cls: np.ndar
         sn[0, i] = s_i + (1.0 if a > 0 else 0.0)
         sn[1, i] = n_i + (1.0 if d > 0 else 0.0)
     for c in range(n_classes):
-        for j in range(2 * kk):
-            ev[c, j] += credit[c, j]
+        reached = credit[c, 0] + credit[c, kk]  # the class's drafts verified this step
+        for j in range(kk):
+            age = decay
+            if j > 0:
+                age = decay ** ((credit[c, j] + credit[c, kk + j]) / reached) if reached > 0 \
+                    else 1.0
+            ev[c, j] = ev[c, j] * age + credit[c, j]
+            ev[c, kk + j] = ev[c, kk + j] * age + credit[c, kk + j]
     for i in range(n):  # (all read before any is written, should a slot come twice)
         records[0, slots[i]] = sn[0, i]
         records[1, slots[i]] = sn[1, i]

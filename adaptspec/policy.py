@@ -227,7 +227,8 @@ class Policy(_Strict):
     )
     k_max: int = Field(8, ge=0, le=64)
     exploration: float = Field(0.05, ge=0.0, le=0.5, description="share of Thompson-sampled draws")
-    forgetting: float = Field(0.98, gt=0.5, le=1.0, description="per-step decay of evidence")
+    forgetting: float = Field(0.98, gt=0.5, le=1.0,
+                              description="decay of evidence per step of drafting")
     request_forgetting: float = Field(0.9, gt=0.0, le=1.0)
     request_shrinkage: float = Field(
         6.0, ge=0,

@@ -15,6 +15,8 @@ predicted step time gives the best plan that the latency limits allow.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from adaptspec.fastpath import ALPHA_CAP, BINS, step_time
@@ -31,8 +33,14 @@ def feedback(ev: np.ndarray, kk: int, decay: float, cls: np.ndarray, records: np
     fail = (pos == a[:, None]) & (a < d)[:, None]  # and, if a < d, position a failed
     credit = np.zeros((ev.shape[0], 2 * kk))
     np.add.at(credit, cls, np.hstack([succ, fail]))
-    ev[:, : 2 * kk] *= decay
-    ev[:, : 2 * kk] += credit
+    # Position 0 ages a step every step; position j a step's share of those verifications
+    # that reached it (none where the class verified nothing).
+    seen = credit[:, :kk] + credit[:, kk:]
+    share = np.divide(seen, seen[:, :1], out=np.zeros_like(seen), where=seen[:, :1] > 0)
+    share[:, 0] = 1.0
+    # (libm's pow, the kernel's: numpy's power rounds some results differently)
+    age = np.tile(np.vectorize(math.pow)(decay, share), 2)
+    ev[:, : 2 * kk] = ev[:, : 2 * kk] * age + credit
     sn = records[:, slots]
     sn[:, d > 0] *= req_decay
     sn += [(a > 0) * 1.0, (d > 0) * 1.0]

@@ -37,7 +37,32 @@ def test_estimator_learns_per_position_and_tracks_drift() -> None:
     np.testing.assert_allclose(est.mean()[0], truth, atol=0.05)
     for _ in range(300):  # acceptance drifts down: forgetting lets the estimate follow
         fit(est, cls, k, run_chain(truth - 0.4, k, rng))
+    np.testing.assert_allclose(est.mean()[0, :2], (truth - 0.4)[:2], atol=0.06)
+    # A position ages as far as it is observed: position 3, now reached by 6% of the drafts
+    # (0.5 * 0.4 * 0.3), has aged 300 * 0.06 = 18 steps; 2700 more make 160.
+    for _ in range(2700):
+        fit(est, cls, k, run_chain(truth - 0.4, k, rng))
     np.testing.assert_allclose(est.mean()[0], truth - 0.4, atol=0.06)
+
+
+def test_positions_few_drafts_reach_are_not_read_as_the_prior() -> None:
+    # An n-gram's shape (issue 34's measurement): the first tokens accepted at 0.7, a run
+    # that reached the third almost always continues. A batch of 4 drafting 8 tokens reaches
+    # position 8 in about a third of its drafts; aged every step, that evidence would be a
+    # third of the first position's, and the flat prior would pull the estimate down.
+    rng = np.random.default_rng(2)
+    truth = np.array([0.7, 0.7, 0.95, 0.95, 0.95, 0.95, 0.95, 0.95])
+    est = AcceptanceEstimator(1, 8, forgetting=0.98)
+    est.set_prior(0, [0.65] * 8, 10.0)
+    cls, k = np.zeros(4, dtype=np.int64), np.full(4, 8)
+    for _ in range(600):
+        fit(est, cls, k, run_chain(truth, k, rng))
+    held = est.succ[0] + est.fail[0]
+    # every position holds as much evidence as the first: 4 drafts a step, 1 / (1 - 0.98)
+    # steps (within the sampling noise of the shares reached)
+    np.testing.assert_allclose(held, 4 / 0.02, rtol=0.2)
+    # so the estimate is within a few standard deviations of the truth (sd <= 0.04 at 200)
+    np.testing.assert_allclose(est.mean()[0], truth, atol=0.08)
 
 
 def test_cost_model_learns_both_regimes() -> None:
@@ -341,14 +366,20 @@ def test_estimator_update_matches_per_request_rule_with_bad_feedback() -> None:
         drafted = rng.integers(-2, kk + 3, 40)  # includes nonsense: negative, beyond k_max
         accepted = rng.integers(-2, kk + 3, 40)
         fit(est, cls, drafted, accepted)
-        succ *= 0.9
-        fail *= 0.9
+        step_succ, step_fail = np.zeros((n_cls, kk)), np.zeros((n_cls, kk))
         for c, d, a in zip(cls, drafted, accepted, strict=True):
             d = min(max(d, 0), kk)
             a = min(max(a, 0), d)
-            succ[c, :a] += 1
+            step_succ[c, :a] += 1
             if a < d:
-                fail[c, a] += 1
+                step_fail[c, a] += 1
+        # the first position ages a step, position j the share of the drafts that reached it
+        seen = step_succ + step_fail
+        for c in range(n_cls):
+            for j in range(kk):
+                share = 1.0 if j == 0 else (seen[c, j] / seen[c, 0] if seen[c, 0] else 0.0)
+                succ[c, j] = succ[c, j] * 0.9**share + step_succ[c, j]
+                fail[c, j] = fail[c, j] * 0.9**share + step_fail[c, j]
     np.testing.assert_allclose(est.succ, succ)
     np.testing.assert_allclose(est.fail, fail)
     sums = est.posterior_sums()
