@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from adaptspec.fastpath import BINS
-
 
 class ConfidenceCalibration:
     """Per row and confidence bin, decayed counts of accepted and rejected draft tokens.
@@ -97,27 +95,16 @@ def _logit(p: np.ndarray) -> np.ndarray:
     return np.log(p) - np.log1p(-p)
 
 
-def confidence_keep(val: np.ndarray, c: np.ndarray, shift: np.ndarray, w: float, threshold: int,
-                    k_min: np.ndarray) -> np.ndarray:
-    """How many draft tokens each request keeps once its draft's own confidence is weighed
-    (Controller.cut): `val` [k_max, m] the plan's running product of per-position acceptance,
-    `c` each draft's confidence, `shift` its calibrated log-odds shift (non-finite: no
-    calibration yet, blend c in with weight w, and keep at least the first token, so that it
-    is verified and calibrates), `threshold` the plan's bin."""
+def confidence_values(val: np.ndarray, c: np.ndarray, shift: np.ndarray, w: float
+                      ) -> np.ndarray:
+    """The plan's running products `val` [k_max, m] of per-position acceptance with each
+    draft's confidence `c` weighed in (Controller.cut): per position the expected accepted
+    tokens of keeping it. `shift` is each draft's calibrated log-odds shift; where it is not
+    finite (no calibration yet) c is blended in with weight w."""
     # Per-position acceptance back from the running product (0 once a product reached 0).
     prev = np.vstack([np.ones((1, val.shape[1])), val[:-1]])
     alpha = np.divide(val, prev, out=np.zeros_like(val), where=prev > 0)
     a = np.clip(alpha, 1e-9, 1.0 - 1e-9)
     calibrated = np.where(alpha > 0, 1.0 / (1.0 + (1.0 - a) / a * np.exp(-shift)), 0.0)
     per_position = np.where(np.isfinite(shift)[None, :], calibrated, (1.0 - w) * alpha + w * c)
-    blended = np.multiply.accumulate(per_position, axis=0)
-    # Bin b of a value v is floor(sqrt(v) * (BINS - 1)) + 1 (see step_reference.decide):
-    # reaching the threshold bin is reaching this value.
-    floor = ((threshold - 1) / (BINS - 1)) ** 2
-    kept = (blended >= floor).sum(axis=0)
-    # A draft whose confidence has no calibration yet keeps its first token: a cut token is
-    # never verified, and only verified tokens calibrate, so a raw confidence that undersells
-    # its proposer (an n-gram's match-length prior on code accepted 19 times in 20) would
-    # otherwise cut every such draft for good. One token is the least that measures it.
-    kept = np.where(np.isfinite(shift) | (val[0] <= 0), kept, np.maximum(kept, 1))
-    return np.maximum(kept, k_min)
+    return np.multiply.accumulate(per_position, axis=0)

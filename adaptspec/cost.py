@@ -12,6 +12,14 @@ Plain decoding's step time by batch size is not a line: on two CPU cores 412 ms 
 the linear terms leave at each batch size is learned as a table (decayed mean residual per
 batch size) and added to the intercept for a batch of that size (`coef_at`), so that the
 kernels keep one formula.
+
+Nor is the cost of a draft token a constant: the kernels run a step's M = B + S tokens as one
+matrix shape, and their speed jumps between shapes (oneDNN on this CPU: 4 to 6 tokens take the
+same time, 7 take 25% more; a GPU pads a batch up to the next CUDA-graph size, so tokens up to
+it are free). What the model leaves at each (B, S) of a speculating step is kept as a second
+table (`shape_offset`), learned like the first; the decision keeps pricing plans by the
+formula, and the drafts actually proposed are then trimmed to the step shape that pays best
+(`trim`).
 """
 
 from __future__ import annotations
@@ -31,6 +39,10 @@ __all__ = ["N_FEATURES", "StepCostModel", "features", "step_time"]
 OFFSET_PRIOR_STEPS = 4.0
 # Batch sizes above this share the last entry of the table.
 TABLE_BATCHES = 1024
+# The (B, S) table of speculating steps: batch sizes and draft counts above these share the
+# last row or column (it is for the shapes a server sees most, and costs a bincount a fit).
+SHAPE_BATCHES = 256
+SHAPE_DRAFTS = 64
 
 
 class StepCostModel:
@@ -47,8 +59,11 @@ class StepCostModel:
     the window of the residuals and of their weights, `offset_sum`, `offset_weight`), see
     `offset` and `fit`.
 
+    Speculating steps also leave a residual per (B, S) after both (`shape_offset`,
+    `shape_sum` and `shape_weight`, decayed like the rest), which `predict` and `trim` add.
+
     Attributes: coef (ms per feature), prior_coef, prior_scale (see `fit`), knee, n_updates,
-    offset_sum, offset_weight.
+    offset_sum, offset_weight, shape_sum, shape_weight.
     """
 
     def __init__(self, cfg: CostModel, window: int = 512, refit_every: int = 8) -> None:
@@ -85,12 +100,23 @@ class StepCostModel:
         self._prior_prec = np.diag(cfg.prior_weight * np.maximum(x_ref / y_ref, 1e-6) ** 2)
         self.offset_sum = np.zeros(TABLE_BATCHES + 1)
         self.offset_weight = np.zeros(TABLE_BATCHES + 1)
+        self.shape_sum = np.zeros((SHAPE_BATCHES + 1, SHAPE_DRAFTS + 1))
+        self.shape_weight = np.zeros((SHAPE_BATCHES + 1, SHAPE_DRAFTS + 1))
 
     def offset(self, batch: int) -> float:
         """What a step of `batch` requests takes beyond the linear terms (ms): the decayed mean
         of its residuals, shrunk toward 0 by OFFSET_PRIOR_STEPS steps."""
         b = min(max(int(batch), 0), TABLE_BATCHES)
         return float(self.offset_sum[b] / (self.offset_weight[b] + OFFSET_PRIOR_STEPS))
+
+    def shape_offset(self, batch: int, spec_tokens: int) -> float:
+        """What a speculating step of this shape takes beyond the formula and the batch
+        table (ms): the decayed mean of its residuals, shrunk toward 0 like `offset`."""
+        if spec_tokens <= 0:
+            return 0.0
+        b = min(max(int(batch), 0), SHAPE_BATCHES)
+        s = min(int(spec_tokens), SHAPE_DRAFTS)
+        return float(self.shape_sum[b, s] / (self.shape_weight[b, s] + OFFSET_PRIOR_STEPS))
 
     def coef_at(self, batch: int) -> np.ndarray:
         """The coefficients for a batch of this size: the intercept carries its offset."""
@@ -99,8 +125,53 @@ class StepCostModel:
         return coef
 
     def predict(self, batch: int, spec_tokens: float, max_k: float) -> float:
-        """Predicted step time (ms) of a plan."""
-        return float(step_time(self.coef_at(batch), batch, spec_tokens, max_k, self.knee))
+        """Predicted step time (ms) of a plan, its shape's residual included."""
+        return float(step_time(self.coef_at(batch), batch, spec_tokens, max_k, self.knee)) \
+            + self.shape_offset(batch, int(spec_tokens))
+
+    def trim(self, values: np.ndarray, keep: np.ndarray, batch: int, k_min: np.ndarray,
+             slack: float | None = None) -> np.ndarray:
+        """The drafts to verify next step, trimmed to the step shape that pays best.
+
+        `values` [k, m]: per draft position the expected accepted tokens of keeping it (a
+        running product, so non-increasing along a draft), `keep` [m] the draft lengths so
+        far, `batch` the requests in the step, `k_min` [m] the forced lengths; `slack`: a
+        latency-critical request is in the batch, the step may take at most that share more
+        than plain decoding. Tokens go in by value, so every draft keeps a prefix; the plan
+        kept is the one of most tokens per predicted ms (n + accepted over the step time
+        with the shape's residual). Never longer than `keep`."""
+        keep = np.asarray(keep, dtype=np.int64)
+        m = keep.size
+        forced = np.minimum(np.asarray(k_min, dtype=np.int64), keep)
+        j = np.arange(values.shape[0])[:, None]
+        open_ = (j >= forced[None, :]) & (j < keep[None, :])
+        if m == 0 or not open_.any():
+            return keep.copy()
+        pos, req = np.nonzero(open_)
+        val = values[pos, req]
+        order = np.lexsort((pos, -val))  # by value, ties by position: prefixes
+        pos, req, val = pos[order], req[order], val[order]
+        base = int(forced.sum())
+        longest = np.maximum.accumulate(pos + 1)
+        max_k0 = int(forced.max(initial=0))
+        plans = np.arange(pos.size + 1)
+        spec = base + plans
+        max_k = np.maximum(np.append(max_k0, longest), max_k0).astype(float)
+        gain = np.append(0.0, np.cumsum(val))
+        coef = self.coef_at(batch)
+        t_ms = step_time(coef, batch, spec.astype(float), max_k, self.knee)
+        b = min(max(int(batch), 0), SHAPE_BATCHES)
+        cells = np.minimum(spec, SHAPE_DRAFTS)
+        shape = self.shape_sum[b, cells] / (self.shape_weight[b, cells] + OFFSET_PRIOR_STEPS)
+        t_ms = t_ms + np.where(spec > 0, shape, 0.0)
+        goodput = (batch + gain) / np.maximum(t_ms, 1e-9)
+        if slack is not None:
+            plain = float(step_time(coef, batch, 0.0, 0.0, self.knee))
+            goodput = np.where((t_ms <= plain * (1.0 + slack)) | (plans == 0), goodput,
+                               -np.inf)
+        best = int(goodput.argmax())
+        out = forced + np.bincount(req[:best], minlength=m)
+        return np.minimum(out, keep)
 
     def partial_fit(self, batch: int, spec_tokens: int, max_k: int, step_ms: float) -> None:
         if not self.learn or not math.isfinite(step_ms) or step_ms <= 0:
@@ -155,6 +226,17 @@ class StepCostModel:
         self.offset_weight = np.bincount(b, weights=decay, minlength=TABLE_BATCHES + 1)
         self.offset_sum = np.bincount(b, weights=decay * (y - x @ self.coef),
                                       minlength=TABLE_BATCHES + 1)
+        # What both leave per (B, S) of the speculating steps (the batch table from this fit).
+        spec = x[:, 2] > 0
+        size = (SHAPE_BATCHES + 1) * (SHAPE_DRAFTS + 1)
+        table = self.offset_sum / (self.offset_weight + OFFSET_PRIOR_STEPS)
+        cell = (np.minimum(b[spec], SHAPE_BATCHES) * (SHAPE_DRAFTS + 1)
+                + np.minimum(x[spec, 2].astype(np.int64), SHAPE_DRAFTS))
+        rest = y[spec] - x[spec] @ self.coef - table[b[spec]]
+        self.shape_weight = np.bincount(cell, weights=decay[spec], minlength=size
+                                        ).reshape(self.shape_weight.shape)
+        self.shape_sum = np.bincount(cell, weights=decay[spec] * rest, minlength=size
+                                     ).reshape(self.shape_sum.shape)
         return self
 
 

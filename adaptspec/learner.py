@@ -21,7 +21,7 @@ from adaptspec import fastpath, passcost
 from adaptspec import plan as why
 from adaptspec.acceptance import AcceptanceEstimator, RequestAcceptance, learn
 from adaptspec.choose import choose_proposers
-from adaptspec.confidence import ConfidenceCalibration, confidence_keep
+from adaptspec.confidence import ConfidenceCalibration, confidence_values
 from adaptspec.cost import StepCostModel
 from adaptspec.fastpath import BINS
 from adaptspec.policy import OTHER_CLASS, Policy
@@ -414,10 +414,11 @@ class Learner:
         position's acceptance is moved by that bin's log-odds over the row's; until then c is
         blended in as (1 - w) alpha + w c, with w = policy.confidence_weight (0 turns
         confidences off), and the draft keeps at least its first token, to calibrate. The
-        draft keeps the tokens that still reach the threshold: a confident draft keeps what
-        was planned, a doubtful one is cut short, and the step costs what was predicted or
-        less. Requests the last decision did not cover keep their drafts; forced positions
-        (k_min) are kept. Each confidence is kept until its draft is verified, to calibrate.
+        drafts then keep the tokens of the step that makes the most tokens per predicted
+        second (StepCostModel.trim, which sees the step's shape): a confident draft keeps
+        what was planned, a doubtful one is cut short. Requests the last decision did not
+        cover keep their drafts; forced positions (k_min) are kept. Each confidence is kept
+        until its draft is verified, to calibrate.
         """
         slots = np.asarray(slots, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.int64)
@@ -440,10 +441,20 @@ class Learner:
         out = lengths.copy()
         if not known.any():
             return out
-        keep = confidence_keep(inc[:, cols[known]], self.req_conf[slots[known]],
-                               self.confidence.shift(last_rows[cols[known]],
-                                                     self.req_conf[slots[known]]),
-                               w, threshold, k_min[cols[known]])
+        val, conf = inc[:, cols[known]], self.req_conf[slots[known]]
+        shift = self.confidence.shift(last_rows[cols[known]], conf)
+        # The drafts as proposed, each position's value with its draft's confidence weighed
+        # in, are cut to the step that pays best by the measured step times, its shape's
+        # included: the plan priced every draft token alike, and a step's time jumps between
+        # token counts (on a CPU the first draft tokens of a batch can be free, the next dear).
+        # The first token of an uncalibrated draft stays, so that it is verified and
+        # calibrates.
+        forced = np.where(np.isfinite(shift) | (val[0] <= 0), k_min[cols[known]],
+                          np.maximum(k_min[cols[known]], np.minimum(lengths[known], 1)))
+        lc = bool((self._row_kind[last_rows] > 1).any())
+        keep = self.cost.trim(confidence_values(val, conf, shift, w), lengths[known],
+                              last_slots.size, forced,
+                              self.policy.latency_critical_slack if lc else None)
         out[known] = np.minimum(lengths[known], keep)
         return out
 

@@ -1,0 +1,98 @@
+"""The step-time model's (batch, draft tokens) table, and drafts trimmed to the shape that pays.
+
+A step's time jumps between token counts (oneDNN's kernels on a CPU, CUDA-graph sizes on a
+GPU), which a model linear in draft tokens cannot see: docs/benchmarks.md measures it."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from adaptspec.cost import OFFSET_PRIOR_STEPS, StepCostModel, step_time
+from adaptspec.policy import CostModel
+
+JUMP_AT, JUMP_MS = 7, 40.0  # a step of 7 tokens or more (batch + drafts) costs this much more
+
+
+def truth(b: int, s: int) -> float:
+    return 80.0 + 2.0 * b + 0.5 * s + (JUMP_MS if s > 0 and b + s >= JUMP_AT else 0.0)
+
+
+def learned(steps: int = 1500, seed: int = 0) -> StepCostModel:
+    rng = np.random.default_rng(seed)
+    m = StepCostModel(CostModel(preset="cpu", prior_weight=1.0, forgetting=0.999))
+    for _ in range(steps):
+        # a closed loop of 4 clients: batches of 4, and of 2 as requests finish unevenly
+        b = 4 if rng.random() < 0.8 else 2
+        s = 0 if rng.random() < 0.3 else int(rng.integers(1, 9))
+        m.partial_fit(b, s, min(s, 4), truth(b, s) * rng.lognormal(0.0, 0.02))
+    return m.fit()
+
+
+def test_the_table_learns_a_jump_the_line_cannot() -> None:
+    m = learned()
+    for b, s in [(4, 0), (4, 1), (4, 2), (4, 3), (4, 4), (4, 6)]:
+        linear = float(step_time(m.coef_at(b), b, s, min(s, 4), m.knee))
+        pred = m.predict(b, s, min(s, 4))
+        assert abs(pred - truth(b, s)) < 0.04 * truth(b, s), (b, s, pred, truth(b, s))
+        if s and b + s in (JUMP_AT - 1, JUMP_AT):  # either side of the jump the line misses
+            assert abs(linear - truth(b, s)) > 2 * abs(pred - truth(b, s))
+
+
+def goodput(m: StepCostModel, values: np.ndarray, lengths: tuple[int, ...], batch: int) -> float:
+    gain = sum(values[:k, i].sum() for i, k in enumerate(lengths))
+    return (batch + gain) / m.predict(batch, sum(lengths), max(lengths, default=0))
+
+
+def hand_model() -> StepCostModel:
+    """Coefficients set by hand (plain attributes): no cost per longest draft, so that the
+    best plan of S tokens is the S most valuable ones, and a jump at 7 tokens at batch 4."""
+    m = StepCostModel(CostModel(preset="cpu", learn=False))
+    m.coef = np.array([80.0, 2.0, 0.5, 0.0, 0.0, 0.0, 0.0])
+    m.shape_sum[4, JUMP_AT - 4:] = JUMP_MS * OFFSET_PRIOR_STEPS  # weight 0: the mean is JUMP_MS
+    return m
+
+
+def test_trim_keeps_the_best_plan_of_all() -> None:
+    rng = np.random.default_rng(3)
+    m = hand_model()
+    for _ in range(40):
+        # 4 requests, 3 of them with drafts of up to 3 tokens; running products (non-increasing)
+        values = np.zeros((8, 4))
+        values[:3, :3] = np.cumprod(rng.uniform(0.3, 1.0, (3, 3)), axis=0)
+        keep = np.array([3, 3, 3, 0])
+        got = m.trim(values, keep, 4, np.zeros(4, dtype=np.int64))
+        assert (got <= keep).all()
+        best = max(goodput(m, values, p, 4)
+                   for p in itertools.product(range(4), range(4), range(4), range(1)))
+        assert np.isclose(goodput(m, values, tuple(got), 4), best)
+
+
+def test_trim_stops_below_the_jump_when_the_tokens_past_it_do_not_pay() -> None:
+    m = hand_model()
+    values = np.zeros((8, 4))
+    values[:, 0] = np.cumprod([0.7, 0.7, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9])  # one long draft
+    keep = np.array([8, 0, 0, 0])
+    got = m.trim(values, keep, 4, np.zeros(4, dtype=np.int64))
+    # 2 tokens (a step of 6) gain 1.19 at 89 ms, 5.19 tokens at 58 a second; 8 gain 3.26
+    # at 132 ms (past the jump), 55 a second
+    assert got.tolist() == [2, 0, 0, 0]
+    # without the jump the whole draft pays
+    m.shape_sum[:] = 0.0
+    assert m.trim(values, keep, 4, np.zeros(4, dtype=np.int64)).tolist() == [8, 0, 0, 0]
+
+
+def test_trim_keeps_forced_tokens_and_a_latency_critical_limit() -> None:
+    m = hand_model()
+    values = np.zeros((8, 4))
+    values[:4, :] = 0.9
+    keep = np.array([4, 4, 4, 4])
+    forced = np.array([3, 0, 0, 0])
+    assert (m.trim(values, keep, 4, forced) >= forced).all()
+    # with a latency-critical request in the batch, a step may take 2% more than plain: at
+    # 0.5 ms a draft token over 88 ms that would be 3 tokens, but 3 make a step of 7 (the jump)
+    got = m.trim(values, keep, 4, np.zeros(4, dtype=np.int64), slack=0.02)
+    assert got.sum() == 2
+    plain = m.predict(4, 0, 0)
+    assert m.predict(4, int(got.sum()), int(got.max())) <= plain * 1.02
