@@ -1,0 +1,184 @@
+"""Whole engines side by side, taking turns, with every engine step logged.
+
+N in-process engines (VLLM_ENABLE_V1_MULTIPROCESSING=0) in N processes: each round every
+engine in turn generates the same batch of unseen chat prompts (none tuned on; 64 tokens, 4
+at a time, greedy) while the others wait, so they see the same machine state round by round (a
+shared machine drifts by more than the effects sought). Each round's time is compared with the
+first engine's in the same round. Every engine step is logged (requests, draft tokens, whether
+a prefill chunk rode along, ms from the scheduler's plan to the step's end), and the steps
+at 4 requests are printed by draft tokens: what a configuration's steps cost, and how often.
+
+    python bench/engine_ab.py ngram2 adaptspec [--rounds 4] [--prompts 16] [--json OUT]
+
+Modes: `plain` (vLLM without speculation), `ngramK` (vLLM's n-gram, static K, lookup 2-4),
+`adaptspec` or `adaptspec=POLICY` (adaptspec over its own n-gram proposer, K <= 8). Every
+engine served the same prompts the round before, so from the second round on their prefixes
+are cached: these are warm engines, decode-heavier than a fresh server. One run resolves
+about 3-4% (docs/benchmarks.md). Each engine holds its own model and KV cache: the 0.5B takes
+about 6 GiB a process, so 3 engines on a 24 GiB machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODEL = "~/.cache/adaptspec/models/qwen/draft"
+
+
+def build(mode: str, model: str) -> Any:
+    from vllm import LLM
+
+    from adaptspec.serve import PROPOSERS
+
+    kw: dict[str, Any] = dict(model=os.path.expanduser(model), dtype="float32",
+                              max_model_len=2048, max_num_seqs=4, enforce_eager=True, seed=0,
+                              distributed_executor_backend="uni")
+    if mode.startswith("ngram"):
+        kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": int(mode[5:]),
+                                    "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    elif mode.split("=")[0] == "adaptspec":
+        from adaptspec.serve import SCHEDULER_CLS
+
+        kw["scheduler_cls"] = SCHEDULER_CLS
+        kw["speculative_config"] = {"method": "custom_class", "model": PROPOSERS["ngram"],
+                                    "num_speculative_tokens": 8}
+    elif mode != "plain":
+        raise SystemExit(f"unknown mode {mode!r}")
+    return LLM(**kw)
+
+
+def engine(mode: str, order: list[str], args: argparse.Namespace, turn: Path) -> None:
+    """One side: build, warm up, log the steps, generate on its turns, print the result."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    llm = build(mode, args.model)
+    from vllm import SamplingParams
+
+    from adaptspec.tools.bench.prompts import load_unseen_chat
+
+    chats = [[{"role": "user", "content": d["prompt"]}]
+             for d in load_unseen_chat()["short"][: args.prompts]]
+    sp = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    llm.chat(chats[:4], sp, use_tqdm=False)
+
+    core = llm.llm_engine.engine_core.engine_core
+    steps: list[tuple[int, int, bool, float]] = []
+    planned: dict[str, Any] = {}
+    schedule, step_fn = core.scheduler.schedule, core.step_fn
+
+    def logged_schedule(*a: Any, **k: Any) -> Any:
+        so = schedule(*a, **k)
+        spec = so.scheduled_spec_decode_tokens
+        planned.update(n=len(so.num_scheduled_tokens), drafts=sum(map(len, spec.values())),
+                       prefill=any(v > 1 + len(spec.get(r, ()))
+                                   for r, v in so.num_scheduled_tokens.items()))
+        return so
+
+    def timed_step(*a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        out = step_fn(*a, **k)
+        if planned.get("n"):
+            steps.append((planned["n"], planned["drafts"], planned["prefill"],
+                          (time.perf_counter() - t0) * 1e3))
+        planned.clear()
+        return out
+
+    core.scheduler.schedule, core.step_fn = logged_schedule, timed_step
+    (turn.parent / f"ready-{order.index(mode)}").write_text("1")
+    seconds, outs = [], []
+    for _ in range(args.rounds):
+        while not (turn.exists() and turn.read_text() == mode):
+            time.sleep(0.02)
+        time.sleep(0.3)
+        t0 = time.perf_counter()
+        outs = llm.chat(chats, sp, use_tqdm=False)
+        seconds.append(time.perf_counter() - t0)
+        tmp = turn.with_suffix(".tmp")
+        tmp.write_text(order[(order.index(mode) + 1) % len(order)])
+        os.replace(tmp, turn)
+    print("RESULT " + json.dumps({"seconds": seconds, "steps": steps,
+                                  "tokens": [list(o.outputs[0].token_ids) for o in outs]}),
+          flush=True)
+
+
+def shapes(steps: list[list[Any]], batch: int = 4) -> dict[int, tuple[int, float]]:
+    """Decode steps (no prefill) of `batch` requests by draft tokens: (count, mean ms)."""
+    by: dict[int, list[float]] = collections.defaultdict(list)
+    for n, drafts, prefill, ms in steps:
+        if n == batch and not prefill:
+            by[drafts].append(ms)
+    return {d: (len(v), statistics.fmean(v)) for d, v in sorted(by.items())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("modes", nargs="+")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--side", nargs=2, help=argparse.SUPPRESS)  # (one engine's process)
+    args = ap.parse_args(argv)
+    if len(set(args.modes)) != len(args.modes):
+        ap.error("modes must differ")
+    if args.side:
+        engine(args.side[0], args.modes, args, Path(args.side[1]))
+        return 0
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        turn = Path(tmp) / "turn"
+        # a policy only for adaptspec's engines: with it set, the plugin would run the others
+        # under adaptspec's scheduler too
+        env = {k: v for k, v in os.environ.items() if k != "ADAPTSPEC_POLICY"}
+        env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+        procs = {}
+        for m in args.modes:
+            policy = m.split("=", 1)[1] if "=" in m else "default"
+            procs[m] = subprocess.Popen(
+                [sys.executable, __file__, *args.modes, "--model", args.model, "--rounds",
+                 str(args.rounds), "--prompts", str(args.prompts), "--side", m, str(turn)],
+                env={**env, "ADAPTSPEC_POLICY": policy} if m.startswith("adaptspec") else env,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        while not all((Path(tmp) / f"ready-{i}").exists() for i in range(len(args.modes))):
+            if any(p.poll() is not None for p in procs.values()):
+                break
+            time.sleep(1)
+        turn.write_text(args.modes[0])
+        for m, p in procs.items():
+            text, _ = p.communicate()
+            lines = [x for x in text.splitlines() if x.startswith("RESULT ")]
+            if p.returncode or not lines:
+                print(f"{m} engine failed (exit {p.returncode})", file=sys.stderr)
+                for q in procs.values():
+                    q.kill()
+                return 1
+            out[m] = json.loads(lines[-1][len("RESULT "):])
+    base = out[args.modes[0]]
+    for m in args.modes:
+        r = [b / s for b, s in zip(base["seconds"], out[m]["seconds"], strict=True)]
+        out[m]["paired"] = {"median": statistics.median(r), "min": min(r), "max": max(r)}
+        total = sum(s[3] for s in out[m]["steps"]) / 1e3
+        pre = [s for s in out[m]["steps"] if s[2]]
+        print(f"{m}: {statistics.median(out[m]['seconds']):.2f} s a round, "
+              f"x{args.modes[0]} {statistics.median(r):.3f} (rounds {min(r):.3f}-{max(r):.3f}),"
+              f" same tokens: {out[m]['tokens'] == base['tokens']}; steps {len(out[m]['steps'])}"
+              f" {total:.1f} s, with a prefill {len(pre)} {sum(s[3] for s in pre) / 1e3:.1f} s")
+        print("  at 4 requests, draft tokens: count x ms  " + "  ".join(
+            f"{d}: {n} x {ms:.0f}" for d, (n, ms) in shapes(out[m]["steps"]).items()))
+    if args.json:
+        args.json.write_text(json.dumps({"modes": args.modes, "rounds": args.rounds,
+                                         "prompts": args.prompts, "engines": out}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
