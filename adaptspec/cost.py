@@ -25,6 +25,7 @@ formula, and the drafts actually proposed are then trimmed to the step shape tha
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -103,20 +104,24 @@ class StepCostModel:
         self.shape_sum = np.zeros((SHAPE_BATCHES + 1, SHAPE_DRAFTS + 1))
         self.shape_weight = np.zeros((SHAPE_BATCHES + 1, SHAPE_DRAFTS + 1))
 
-    def offset(self, batch: int) -> float:
-        """What a step of `batch` requests takes beyond the linear terms (ms): the decayed mean
+    def batch_table(self) -> np.ndarray:
+        """What a step of each batch size takes beyond the linear terms (ms): the decayed mean
         of its residuals, shrunk toward 0 by OFFSET_PRIOR_STEPS steps."""
+        return self.offset_sum / (self.offset_weight + OFFSET_PRIOR_STEPS)
+
+    def offset(self, batch: int) -> float:
+        """`batch_table` at one batch size."""
         b = min(max(int(batch), 0), TABLE_BATCHES)
         return float(self.offset_sum[b] / (self.offset_weight[b] + OFFSET_PRIOR_STEPS))
 
-    def shape_offset(self, batch: int, spec_tokens: int) -> float:
+    def shape_offset(self, batch: int, spec_tokens: Any) -> Any:
         """What a speculating step of this shape takes beyond the formula and the batch
-        table (ms): the decayed mean of its residuals, shrunk toward 0 like `offset`."""
-        if spec_tokens <= 0:
-            return 0.0
+        table (ms): the decayed mean of its residuals, shrunk toward 0 like `offset`; 0 for a
+        step without drafts. `spec_tokens`: a number or an array of them."""
         b = min(max(int(batch), 0), SHAPE_BATCHES)
-        s = min(int(spec_tokens), SHAPE_DRAFTS)
-        return float(self.shape_sum[b, s] / (self.shape_weight[b, s] + OFFSET_PRIOR_STEPS))
+        s = np.minimum(np.asarray(spec_tokens).astype(np.int64), SHAPE_DRAFTS)
+        mean = self.shape_sum[b, s] / (self.shape_weight[b, s] + OFFSET_PRIOR_STEPS)
+        return np.where(s > 0, mean, 0.0)
 
     def coef_at(self, batch: int) -> np.ndarray:
         """The coefficients for a batch of this size: the intercept carries its offset."""
@@ -126,8 +131,8 @@ class StepCostModel:
 
     def predict(self, batch: int, spec_tokens: float, max_k: float) -> float:
         """Predicted step time (ms) of a plan, its shape's residual included."""
-        return float(step_time(self.coef_at(batch), batch, spec_tokens, max_k, self.knee)) \
-            + self.shape_offset(batch, int(spec_tokens))
+        return float(step_time(self.coef_at(batch), batch, spec_tokens, max_k, self.knee)
+                     + self.shape_offset(batch, int(spec_tokens)))
 
     def trim(self, values: np.ndarray, keep: np.ndarray, batch: int, k_min: np.ndarray,
              slack: float | None = None) -> np.ndarray:
@@ -158,15 +163,11 @@ class StepCostModel:
         spec = base + plans
         max_k = np.maximum(np.append(max_k0, longest), max_k0).astype(float)
         gain = np.append(0.0, np.cumsum(val))
-        coef = self.coef_at(batch)
-        t_ms = step_time(coef, batch, spec.astype(float), max_k, self.knee)
-        b = min(max(int(batch), 0), SHAPE_BATCHES)
-        cells = np.minimum(spec, SHAPE_DRAFTS)
-        shape = self.shape_sum[b, cells] / (self.shape_weight[b, cells] + OFFSET_PRIOR_STEPS)
-        t_ms = t_ms + np.where(spec > 0, shape, 0.0)
+        t_ms = (step_time(self.coef_at(batch), batch, spec.astype(float), max_k, self.knee)
+                + self.shape_offset(batch, spec))
         goodput = (batch + gain) / np.maximum(t_ms, 1e-9)
         if slack is not None:
-            plain = float(step_time(coef, batch, 0.0, 0.0, self.knee))
+            plain = self.predict(batch, 0.0, 0.0)
             goodput = np.where((t_ms <= plain * (1.0 + slack)) | (plans == 0), goodput,
                                -np.inf)
         best = int(goodput.argmax())
@@ -221,7 +222,7 @@ class StepCostModel:
         # that explains the rest (a batch size seldom seen keeps the line).
         # One round per fit, from the last fit's table: the alternation goes on across fits.
         b = np.minimum(np.maximum(x[:, 1].astype(np.int64), 0), TABLE_BATCHES)
-        table = self.offset_sum / (self.offset_weight + OFFSET_PRIOR_STEPS)
+        table = self.batch_table()
         self.coef = _nonnegative_solve(xtx, xty_prior + xw_t @ (y - table[b]), self._active)
         self.offset_weight = np.bincount(b, weights=decay, minlength=TABLE_BATCHES + 1)
         self.offset_sum = np.bincount(b, weights=decay * (y - x @ self.coef),
@@ -229,7 +230,7 @@ class StepCostModel:
         # What both leave per (B, S) of the speculating steps (the batch table from this fit).
         spec = x[:, 2] > 0
         size = (SHAPE_BATCHES + 1) * (SHAPE_DRAFTS + 1)
-        table = self.offset_sum / (self.offset_weight + OFFSET_PRIOR_STEPS)
+        table = self.batch_table()
         cell = (np.minimum(b[spec], SHAPE_BATCHES) * (SHAPE_DRAFTS + 1)
                 + np.minimum(x[spec, 2].astype(np.int64), SHAPE_DRAFTS))
         rest = y[spec] - x[spec] @ self.coef - table[b[spec]]

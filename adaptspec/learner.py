@@ -455,7 +455,7 @@ class Learner:
         keep = self.cost.trim(confidence_values(val, conf, shift, w), lengths[known],
                               last_slots.size, forced,
                               self.policy.latency_critical_slack if lc else None)
-        out[known] = np.minimum(lengths[known], keep)
+        out[known] = keep  # (the trim never lengthens a draft)
         return out
 
     def summary(self) -> dict[str, Any]:
