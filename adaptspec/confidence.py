@@ -6,14 +6,15 @@ acceptance rate: a draft model's probabilities are over-confident on one class a
 another. So each (class, proposer) row keeps, per confidence bin, decayed counts of the draft
 tokens that were verified: a draft of d tokens of which a were accepted is a successes and, if
 a < d, one failure (positions after the first rejection say nothing), as for the class
-estimates (adaptspec/acceptance.py). A bin's posterior mean is then the calibrated per-token
-acceptance of drafts with that confidence, and its log-odds over the row's pooled rate how far
-such a draft sits from the row's per-position estimates; a bin with too little evidence says
-nothing, and the controller falls back to its class estimate blended with the raw confidence,
-never cutting such a draft below its first token (only verified tokens calibrate).
-
-Bins rather than a fitted curve: the counts decay every step like the rest of the controller's
-evidence, update in place on the hot path, and need no refit.
+estimates (adaptspec/acceptance.py); and beside them the successes the controller's own
+per-position estimates expected of those same trials. A bin's posterior mean is the calibrated
+per-token acceptance of drafts with that confidence; its log-odds over what was expected of the
+same positions is how far such a draft sits from the per-position estimates. Matching the
+positions matters: the cut makes doubtful drafts short, so a low bin's trials are mostly first
+positions, the weakest, and against the row's pooled rate it would read as worse than it is and
+be cut shorter still. A bin with too little evidence says nothing, and the controller falls
+back to its class estimate blended with the raw confidence, never cutting such a draft below
+its first token (only verified tokens calibrate).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ class ConfidenceCalibration:
 
     Attributes: bins (equal-width bins of [0, 1]), forgetting (per `tick`, i.e. per engine
     step), min_evidence (decayed tokens a bin needs before `predict` trusts it), succ and fail
-    ([n_rows, bins]), pending (ticks not yet applied to them: the decay is applied when they
+    ([n_rows, bins]), expected (successes the per-position estimates expected of the same
+    trials, [n_rows, bins]), pending (ticks not yet applied to them: the decay is applied when they
     are next read or written, so a step without confidences costs nothing)."""
 
     def __init__(self, n_rows: int, bins: int = 10, forgetting: float = 0.98,
@@ -36,6 +38,7 @@ class ConfidenceCalibration:
         self.min_evidence = min_evidence
         self.succ = np.zeros((n_rows, bins))
         self.fail = np.zeros((n_rows, bins))
+        self.expected = np.zeros((n_rows, bins))
         self.pending = 0
 
     def tick(self) -> None:
@@ -47,6 +50,7 @@ class ConfidenceCalibration:
             f = self.forgetting ** self.pending
             self.succ *= f
             self.fail *= f
+            self.expected *= f
             self.pending = 0
 
     def _bin(self, confidence: np.ndarray) -> np.ndarray:
@@ -54,31 +58,39 @@ class ConfidenceCalibration:
         return np.minimum((c * self.bins).astype(np.int64), self.bins - 1)
 
     def partial_fit(self, rows: np.ndarray, confidence: np.ndarray, drafted: np.ndarray,
-                    accepted: np.ndarray) -> None:
-        """Verified drafts whose confidence was known (after the decay of the steps passed)."""
+                    accepted: np.ndarray, alpha: np.ndarray) -> None:
+        """Verified drafts whose confidence was known (after the decay of the steps passed);
+        alpha [n, >= longest draft] is the per-position acceptance each draft was planned with
+        (what `shift` is measured against)."""
         self._decay()
         d = np.asarray(drafted, dtype=np.int64)
         keep = d > 0
         if not keep.any():
             return
+        d = d[keep]
         cell = np.asarray(rows, dtype=np.int64)[keep] * self.bins + \
             self._bin(np.asarray(confidence)[keep])
-        a = np.minimum(np.maximum(np.asarray(accepted, dtype=np.int64)[keep], 0), d[keep])
-        size = self.succ.size
-        self.succ += np.bincount(cell, weights=a, minlength=size).reshape(self.succ.shape)
-        self.fail += np.bincount(cell, weights=(a < d[keep]).astype(np.float64),
-                                 minlength=size).reshape(self.fail.shape)
+        a = np.minimum(np.maximum(np.asarray(accepted, dtype=np.int64)[keep], 0), d)
+        trials = a + (a < d)
+        exp = np.cumsum(np.nan_to_num(np.asarray(alpha, dtype=np.float64)[keep]), axis=1)
+        exp = exp[np.arange(d.size), np.minimum(trials, exp.shape[1]) - 1]
+        size, shape = self.succ.size, self.succ.shape
+        self.succ += np.bincount(cell, weights=a, minlength=size).reshape(shape)
+        self.fail += np.bincount(cell, weights=(a < d).astype(np.float64),
+                                 minlength=size).reshape(shape)
+        self.expected += np.bincount(cell, weights=exp, minlength=size).reshape(shape)
 
     def shift(self, rows: np.ndarray, confidence: np.ndarray) -> np.ndarray:
-        """Log-odds of drafts with this confidence over those of all the row's drafts: how far
-        this draft's acceptance sits from its row's at every position (NaN where the bin has
-        too little evidence). Applied to the row's per-position acceptance, it keeps the
-        position shape (an n-gram's first position is its weakest) and moves the level."""
+        """Log-odds of drafts with this confidence over what the per-position estimates
+        expected of the same trials: how far this draft's acceptance sits from its row's at
+        every position (NaN where the bin has too little evidence). Applied to the row's
+        per-position acceptance, it keeps the position shape (an n-gram's first position is
+        its weakest) and moves the level."""
         rows = np.asarray(rows, dtype=np.int64)
         rate = self.predict(rows, confidence)  # (decays first)
-        s, f = self.succ[rows].sum(axis=1), self.fail[rows].sum(axis=1)
-        pooled = (s + 1.0) / (s + f + 2.0)
-        return _logit(rate) - _logit(pooled)
+        b = self._bin(confidence)
+        n = self.succ[rows, b] + self.fail[rows, b]
+        return _logit(rate) - _logit((self.expected[rows, b] + 1.0) / (n + 2.0))
 
     def predict(self, rows: np.ndarray, confidence: np.ndarray) -> np.ndarray:
         """Calibrated per-token acceptance of drafts with this confidence from these rows; NaN
@@ -101,10 +113,15 @@ def confidence_values(val: np.ndarray, c: np.ndarray, shift: np.ndarray, w: floa
     draft's confidence `c` weighed in (Controller.cut): per position the expected accepted
     tokens of keeping it. `shift` is each draft's calibrated log-odds shift; where it is not
     finite (no calibration yet) c is blended in with weight w."""
-    # Per-position acceptance back from the running product (0 once a product reached 0).
-    prev = np.vstack([np.ones((1, val.shape[1])), val[:-1]])
-    alpha = np.divide(val, prev, out=np.zeros_like(val), where=prev > 0)
+    alpha = per_position(val)
     a = np.clip(alpha, 1e-9, 1.0 - 1e-9)
     calibrated = np.where(alpha > 0, 1.0 / (1.0 + (1.0 - a) / a * np.exp(-shift)), 0.0)
-    per_position = np.where(np.isfinite(shift)[None, :], calibrated, (1.0 - w) * alpha + w * c)
-    return np.multiply.accumulate(per_position, axis=0)
+    moved = np.where(np.isfinite(shift)[None, :], calibrated, (1.0 - w) * alpha + w * c)
+    return np.multiply.accumulate(moved, axis=0)
+
+
+def per_position(val: np.ndarray) -> np.ndarray:
+    """Per-position acceptance [k_max, m] back from running products `val` (0 once a product
+    reached 0)."""
+    prev = np.vstack([np.ones((1, val.shape[1])), val[:-1]])
+    return np.divide(val, prev, out=np.zeros_like(val), where=prev > 0)

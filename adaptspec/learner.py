@@ -21,7 +21,7 @@ from adaptspec import fastpath, passcost
 from adaptspec import plan as why
 from adaptspec.acceptance import AcceptanceEstimator, RequestAcceptance, learn
 from adaptspec.choose import choose_proposers
-from adaptspec.confidence import ConfidenceCalibration, confidence_values
+from adaptspec.confidence import ConfidenceCalibration, confidence_values, per_position
 from adaptspec.cost import StepCostModel
 from adaptspec.fastpath import BINS
 from adaptspec.policy import OTHER_CLASS, Policy
@@ -90,6 +90,8 @@ class Learner:
         self.req_k = np.zeros(cap, dtype=np.int64)  # K planned at its last step
         self.req_reason = np.zeros(cap, dtype=np.int64)  # why (index into plan.REASONS)
         self.req_conf = np.full(cap, np.nan)  # confidence of its pending draft (`cut`)
+        # the per-position acceptance that draft was cut with (NaN: none, the row's is used)
+        self.req_alpha = np.full((cap, self.k_max), np.nan)
         self._conf_pending = False  # some were set since the last step
         # A proposer that runs a model (the hybrid's draft model) costs time per forward pass,
         # one per draft token, plus its catch-up (the prompt, tokens missed while idle): ms per
@@ -245,7 +247,7 @@ class Learner:
         self.req_class[slot] = self.class_index(class_name)
         self.req_prev_k[slot] = self.req_votes[slot] = self.req_proposer[slot] = 0
         self.req_k[slot], self.req_reason[slot] = 0, why.CODE[why.NEW_REQUEST]
-        self.req_conf[slot] = np.nan
+        self.req_conf[slot] = self.req_alpha[slot] = np.nan
         self.req_last_step[slot] = self.steps + 1
         for p in range(self.n_prop):
             self.requests.reset(slot * self.n_prop + p)
@@ -295,9 +297,15 @@ class Learner:
             self._conf_pending = False
             conf = self.req_conf[slots]
             scored = np.isfinite(conf) & (verified > 0)
-            self.confidence.partial_fit((src * self.n_cls + cls)[scored], conf[scored],
-                                        verified[scored], accepted[scored])
-            self.req_conf[slots] = np.nan
+            if scored.any():
+                rows = (src * self.n_cls + cls)[scored]
+                alpha = self.req_alpha[slots[scored]]
+                unplanned = np.isnan(alpha[:, 0])
+                if unplanned.any():  # drafts the last decision did not cover: their row's
+                    alpha[unplanned] = self.estimator.mean()[rows[unplanned]]
+                self.confidence.partial_fit(rows, conf[scored], verified[scored],
+                                            accepted[scored], alpha)
+            self.req_conf[slots] = self.req_alpha[slots] = np.nan
         if step_time_s is not None and step_time_s > 0:
             self.last_step_ms = step_time_s * 1e3
             # The measured step also ran the passes of a model proposer for the drafts it
@@ -443,6 +451,7 @@ class Learner:
             return out
         val, conf = inc[:, cols[known]], self.req_conf[slots[known]]
         shift = self.confidence.shift(last_rows[cols[known]], conf)
+        self.req_alpha[slots[known]] = per_position(val).T
         # The drafts as proposed, each position's value with its draft's confidence weighed
         # in, are cut to the step that pays best by the measured step times, its shape's
         # included: the plan priced every draft token alike, and a step's time jumps between

@@ -29,7 +29,7 @@ def test_a_bin_learns_the_acceptance_of_drafts_with_that_confidence() -> None:
         c = rng.random(16)
         rows = np.repeat([0, 1], 8)
         rate = np.where(rows == 0, c ** 2, 1.0 - c / 2)
-        cal.partial_fit(rows, c, np.full(16, K), _runs(rng, rate, K))
+        cal.partial_fit(rows, c, np.full(16, K), _runs(rng, rate, K), np.full((16, K), 0.5))
         for r, ci, ri in zip(rows, c, rate, strict=True):
             seen[r][min(int(ci * 10), 9)].append(ri)
     for row in (0, 1):
@@ -45,14 +45,39 @@ def test_a_bin_learns_the_acceptance_of_drafts_with_that_confidence() -> None:
 def test_a_bin_without_evidence_says_nothing() -> None:
     cal = ConfidenceCalibration(1, bins=10, forgetting=1.0, min_evidence=8)
     assert np.isnan(cal.predict(np.array([0]), np.array([0.5]))).all()
-    cal.partial_fit(np.array([0]), np.array([0.55]), np.array([4]), np.array([4]))
+    one = (np.array([0]), np.array([0.55]), np.array([4]), np.array([4]), np.full((1, 4), 0.5))
+    cal.partial_fit(*one)
     assert np.isnan(cal.predict(np.array([0]), np.array([0.5]))).all()  # 4 tokens < 8
-    cal.partial_fit(np.array([0]), np.array([0.55]), np.array([4]), np.array([4]))
+    cal.partial_fit(*one)
     assert cal.predict(np.array([0]), np.array([0.5]))[0] == pytest.approx(9 / 10)
     cal.forgetting = 0.9
     for _ in range(5):  # decays away when no more drafts come
         cal.tick()
     assert np.isnan(cal.predict(np.array([0]), np.array([0.5]))).all()
+
+
+def test_a_bin_is_measured_against_the_positions_its_drafts_reached() -> None:
+    """A confidence that says nothing (drawn apart from acceptance), and a cut that keeps the
+    drafts of the low half at one token and the high half at four, where the first position is
+    the weakest (0.5, then 0.9): the low bin's trials are first positions, the high bin's
+    mostly later ones. Their rates differ (about 0.5 against 0.75); measured against what the
+    per-position acceptance expected of the same trials, neither bin moves from it."""
+    rng = np.random.default_rng(2)
+    alpha = np.array([0.5, 0.9, 0.9, 0.9])
+    cal = ConfidenceCalibration(1, bins=2, forgetting=1.0)
+    for _ in range(400):
+        c = rng.random(16)
+        d = np.where(c < 0.5, 1, K)
+        ok = rng.random((16, K)) < alpha[None, :]
+        acc = np.minimum(np.cumprod(ok, axis=1).sum(axis=1), d)
+        cal.partial_fit(np.zeros(16, dtype=np.int64), c, d, acc, np.tile(alpha, (16, 1)))
+    rows, conf = np.zeros(2, dtype=np.int64), np.array([0.25, 0.75])
+    rate = cal.predict(rows, conf)
+    assert rate[1] - rate[0] > 0.15, rate  # the pooled rates would tell them apart
+    shift = cal.shift(rows, conf)
+    n = cal.succ[0] + cal.fail[0]
+    # a log-odds shift within about three standard errors of 0 (se ~ 1 / sqrt(n p (1 - p)))
+    assert (np.abs(shift) < 3 / np.sqrt(n * 0.25 * 0.75)).all(), (shift, n)
 
 
 def _controller(weight: float = 0.5) -> Controller:
