@@ -125,3 +125,63 @@ def per_position(val: np.ndarray) -> np.ndarray:
     reached 0)."""
     prev = np.vstack([np.ones((1, val.shape[1])), val[:-1]])
     return np.divide(val, prev, out=np.zeros_like(val), where=prev > 0)
+
+
+class OutcomeCalibration:
+    """What the trim's values turned into, per (row, draft position): decayed sums of the value
+    each verified draft token was kept at (the running product: its expected acceptance) and of
+    the tokens accepted there. The trim keeps the tokens it values most, so the values of kept
+    tokens run high wherever they are noisy (a long draft is kept when its estimate is high),
+    and the class estimates are measured over all drafts, not the kept ones; their ratio,
+    measured on the kept tokens themselves, corrects both. `prior`: expected tokens' worth of
+    a ratio of 1, so a position few kept drafts reach keeps its values.
+
+    Attributes: forgetting (per `tick`), prior, expected and accepted ([n_rows, k_max]),
+    pending (ticks not yet applied)."""
+
+    def __init__(self, n_rows: int, k_max: int, forgetting: float = 0.98,
+                 prior: float = 8.0) -> None:
+        self.forgetting = forgetting
+        self.prior = prior
+        self.expected = np.zeros((n_rows, k_max))
+        self.accepted = np.zeros((n_rows, k_max))
+        self.pending = 0
+
+    def tick(self) -> None:
+        """One engine step passed: all evidence decays once (lazily)."""
+        self.pending += 1
+
+    def _decay(self) -> None:
+        if self.pending:
+            f = self.forgetting ** self.pending
+            self.expected *= f
+            self.accepted *= f
+            self.pending = 0
+
+    def partial_fit(self, rows: np.ndarray, values: np.ndarray, verified: np.ndarray,
+                    accepted: np.ndarray) -> None:
+        """Verified drafts: the values [n, k_max] their tokens were kept at (before `correct`),
+        how many were verified and accepted."""
+        self._decay()
+        k = self.expected.shape[1]
+        j = np.arange(k)[None, :]
+        kept = j < np.asarray(verified, dtype=np.int64)[:, None]
+        v = np.where(kept, np.nan_to_num(np.asarray(values, dtype=np.float64)[:, :k]), 0.0)
+        hit = kept & (j < np.asarray(accepted, dtype=np.int64)[:, None])
+        rows = np.asarray(rows, dtype=np.int64)
+        np.add.at(self.expected, rows, v)
+        np.add.at(self.accepted, rows, hit.astype(np.float64))
+
+    def ratio(self, rows: np.ndarray) -> np.ndarray:
+        """Accepted over expected per position, [len(rows), k_max], shrunk to 1 by `prior`."""
+        self._decay()
+        rows = np.asarray(rows, dtype=np.int64)
+        return (self.accepted[rows] + self.prior) / (self.expected[rows] + self.prior)
+
+    def correct(self, values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Values [k, m] (running products) times their position's ratio; still a running
+        product (non-increasing along a draft, at most 1), so the trim keeps prefixes."""
+        k = min(values.shape[0], self.expected.shape[1])
+        out = values.copy()
+        out[:k] = np.minimum(values[:k] * self.ratio(rows).T[:k], 1.0)
+        return np.minimum.accumulate(out, axis=0)

@@ -21,7 +21,12 @@ from adaptspec import fastpath, passcost
 from adaptspec import plan as why
 from adaptspec.acceptance import AcceptanceEstimator, RequestAcceptance, learn
 from adaptspec.choose import choose_proposers
-from adaptspec.confidence import ConfidenceCalibration, confidence_values, per_position
+from adaptspec.confidence import (
+    ConfidenceCalibration,
+    OutcomeCalibration,
+    confidence_values,
+    per_position,
+)
 from adaptspec.cost import StepCostModel
 from adaptspec.fastpath import BINS
 from adaptspec.policy import OTHER_CLASS, Policy
@@ -76,6 +81,8 @@ class Learner:
         self.estimator.active = 0  # grows as classes are registered
         # What each row's proposer confidence is worth (see `cut`)
         self.confidence = ConfidenceCalibration(n_cls * n_prop, forgetting=policy.forgetting)
+        # What the values the trim kept drafts at turned into (see `cut`)
+        self.outcome = OutcomeCalibration(n_cls * n_prop, self.k_max, policy.forgetting)
         for name in policy.classes:
             self._register_class(name, name)
         self._other = self._register_class(OTHER_CLASS, policy.default_class)
@@ -92,6 +99,7 @@ class Learner:
         self.req_conf = np.full(cap, np.nan)  # confidence of its pending draft (`cut`)
         # the per-position acceptance that draft was cut with (NaN: none, the row's is used)
         self.req_alpha = np.full((cap, self.k_max), np.nan)
+        self.req_value = np.full((cap, self.k_max), np.nan)  # the values it was trimmed with
         self._conf_pending = False  # some were set since the last step
         # A proposer that runs a model (the hybrid's draft model) costs time per forward pass,
         # one per draft token, plus its catch-up (the prompt, tokens missed while idle): ms per
@@ -247,7 +255,7 @@ class Learner:
         self.req_class[slot] = self.class_index(class_name)
         self.req_prev_k[slot] = self.req_votes[slot] = self.req_proposer[slot] = 0
         self.req_k[slot], self.req_reason[slot] = 0, why.CODE[why.NEW_REQUEST]
-        self.req_conf[slot] = self.req_alpha[slot] = np.nan
+        self.req_conf[slot] = self.req_alpha[slot] = self.req_value[slot] = np.nan
         self.req_last_step[slot] = self.steps + 1
         for p in range(self.n_prop):
             self.requests.reset(slot * self.n_prop + p)
@@ -293,6 +301,7 @@ class Learner:
         if verified is not drafted:
             spec_tokens, longest = int(verified.sum()), max(int(verified.max(initial=0)), 0)
         self.confidence.tick()
+        self.outcome.tick()
         if self._conf_pending:  # drafts whose confidence `cut` kept were verified now
             self._conf_pending = False
             conf = self.req_conf[slots]
@@ -305,7 +314,13 @@ class Learner:
                     alpha[unplanned] = self.estimator.mean()[rows[unplanned]]
                 self.confidence.partial_fit(rows, conf[scored], verified[scored],
                                             accepted[scored], alpha)
-            self.req_conf[slots] = self.req_alpha[slots] = np.nan
+                trimmed = np.isfinite(self.req_value[slots[scored], 0])
+                if trimmed.any():
+                    self.outcome.partial_fit(rows[trimmed],
+                                             self.req_value[slots[scored][trimmed]],
+                                             verified[scored][trimmed],
+                                             accepted[scored][trimmed])
+            self.req_conf[slots] = self.req_alpha[slots] = self.req_value[slots] = np.nan
         if step_time_s is not None and step_time_s > 0:
             self.last_step_ms = step_time_s * 1e3
             # The measured step also ran the passes of a model proposer for the drafts it
@@ -461,8 +476,10 @@ class Learner:
         forced = np.where(np.isfinite(shift) | (val[0] <= 0), k_min[cols[known]],
                           np.maximum(k_min[cols[known]], np.minimum(lengths[known], 1)))
         lc = bool((self._row_kind[last_rows] > 1).any())
-        keep = self.cost.trim(confidence_values(val, conf, shift, w), lengths[known],
-                              last_slots.size, forced,
+        values = confidence_values(val, conf, shift, w)
+        self.req_value[slots[known]] = values.T
+        keep = self.cost.trim(self.outcome.correct(values, last_rows[cols[known]]),
+                              lengths[known], last_slots.size, forced,
                               self.policy.latency_critical_slack if lc else None)
         out[known] = keep  # (the trim never lengthens a draft)
         return out

@@ -5,8 +5,9 @@ engine in turn generates the same batch of unseen chat prompts (none tuned on; 6
 at a time, greedy) while the others wait, so they see the same machine state round by round (a
 shared machine drifts by more than the effects sought). Each round's time is compared with the
 first engine's in the same round. Every engine step is logged (requests, draft tokens, whether
-a prefill chunk rode along, ms from the scheduler's plan to the step's end), and the steps
-at 4 requests are printed by draft tokens: what a configuration's steps cost, and how often.
+a prefill chunk rode along, ms from the scheduler's plan to the step's end, requests drafting),
+and the steps at 4 requests are printed by draft tokens and by requests drafting: what a
+configuration's steps cost, and how often.
 
     python bench/engine_ab.py ngram2 adaptspec [--rounds 4] [--prompts 16] [--json OUT]
 
@@ -71,7 +72,7 @@ def engine(mode: str, order: list[str], args: argparse.Namespace, turn: Path) ->
     llm.chat(chats[:4], sp, use_tqdm=False)
 
     core = llm.llm_engine.engine_core.engine_core
-    steps: list[tuple[int, int, bool, float]] = []
+    steps: list[tuple[int, int, bool, float, int]] = []
     planned: dict[str, Any] = {}
     schedule, step_fn = core.scheduler.schedule, core.step_fn
 
@@ -79,6 +80,7 @@ def engine(mode: str, order: list[str], args: argparse.Namespace, turn: Path) ->
         so = schedule(*a, **k)
         spec = so.scheduled_spec_decode_tokens
         planned.update(n=len(so.num_scheduled_tokens), drafts=sum(map(len, spec.values())),
+                       drafting=sum(map(bool, spec.values())),
                        prefill=any(v > 1 + len(spec.get(r, ()))
                                    for r, v in so.num_scheduled_tokens.items()))
         return so
@@ -88,7 +90,7 @@ def engine(mode: str, order: list[str], args: argparse.Namespace, turn: Path) ->
         out = step_fn(*a, **k)
         if planned.get("n"):
             steps.append((planned["n"], planned["drafts"], planned["prefill"],
-                          (time.perf_counter() - t0) * 1e3))
+                          (time.perf_counter() - t0) * 1e3, planned["drafting"]))
         planned.clear()
         return out
 
@@ -110,12 +112,14 @@ def engine(mode: str, order: list[str], args: argparse.Namespace, turn: Path) ->
           flush=True)
 
 
-def shapes(steps: list[list[Any]], batch: int = 4) -> dict[int, tuple[int, float]]:
-    """Decode steps (no prefill) of `batch` requests by draft tokens: (count, mean ms)."""
+def shapes(steps: list[list[Any]], batch: int = 4, by_requests: bool = False
+           ) -> dict[int, tuple[int, float]]:
+    """Decode steps (no prefill) of `batch` requests by draft tokens, or by requests drafting:
+    (count, mean ms)."""
     by: dict[int, list[float]] = collections.defaultdict(list)
-    for n, drafts, prefill, ms in steps:
+    for n, drafts, prefill, ms, *drafting in steps:
         if n == batch and not prefill:
-            by[drafts].append(ms)
+            by[drafting[0] if by_requests else drafts].append(ms)
     return {d: (len(v), statistics.fmean(v)) for d, v in sorted(by.items())}
 
 
@@ -174,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
               f" {total:.1f} s, with a prefill {len(pre)} {sum(s[3] for s in pre) / 1e3:.1f} s")
         print("  at 4 requests, draft tokens: count x ms  " + "  ".join(
             f"{d}: {n} x {ms:.0f}" for d, (n, ms) in shapes(out[m]["steps"]).items()))
+        if all(len(s) > 4 for s in out[m]["steps"]):
+            print("  at 4 requests, requests drafting: count x ms  " + "  ".join(
+                f"{d}: {n} x {ms:.0f}"
+                for d, (n, ms) in shapes(out[m]["steps"], by_requests=True).items()))
     if args.json:
         args.json.write_text(json.dumps({"modes": args.modes, "rounds": args.rounds,
                                          "prompts": args.prompts, "engines": out}))
