@@ -15,6 +15,10 @@ positions, the weakest, and against the row's pooled rate it would read as worse
 be cut shorter still. A bin with too little evidence says nothing, and the controller falls
 back to its class estimate blended with the raw confidence, never cutting such a draft below
 its first token (only verified tokens calibrate).
+
+Bins rather than a fitted curve: the counts decay every step like the rest of the controller's
+evidence, update in place on the hot path, and need no refit. `OutcomeCalibration` then checks
+the values the trim kept tokens at against what those tokens turned into, per draft position.
 """
 
 from __future__ import annotations

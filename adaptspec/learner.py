@@ -434,14 +434,16 @@ class Learner:
         about this very draft (a long, often-confirmed match, or a weak one) gives a per-token
         confidence c. Where its (class, proposer) row has calibrated confidences like c
         (adaptspec/confidence.py: the acceptance measured for drafts of that confidence), each
-        position's acceptance is moved by that bin's log-odds over the row's; until then c is
+        position's acceptance is moved by that bin's log-odds over what was expected of the
+        same positions; until then c is
         blended in as (1 - w) alpha + w c, with w = policy.confidence_weight (0 turns
         confidences off), and the draft keeps at least its first token, to calibrate. The
         drafts then keep the tokens of the step that makes the most tokens per predicted
-        second (StepCostModel.trim, which sees the step's shape): a confident draft keeps
-        what was planned, a doubtful one is cut short. Requests the last decision did not
-        cover keep their drafts; forced positions (k_min) are kept. Each confidence is kept
-        until its draft is verified, to calibrate.
+        second (StepCostModel.trim, which sees the step's shape; each position's values
+        corrected by what the tokens kept there turned into, `OutcomeCalibration`): a
+        confident draft keeps what was planned, a doubtful one is cut short. Requests the
+        last decision did not cover keep their drafts; forced positions (k_min) are kept.
+        Each confidence is kept until its draft is verified, to calibrate.
         """
         slots = np.asarray(slots, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.int64)
