@@ -5,7 +5,8 @@ engine in turn generates the same batch of unseen chat prompts (none tuned on; 6
 at a time, greedy) while the others wait, so they see the same machine state round by round (a
 shared machine drifts by more than the effects sought). Each round's time is compared with the
 first engine's in the same round. Every engine step is logged (requests, draft tokens, whether
-a prefill chunk rode along, ms from the scheduler's plan to the step's end, requests drafting),
+a prefill chunk rode along, ms from the scheduler's plan to the step's end, requests drafting,
+tokens made),
 and the steps at 4 requests are printed by draft tokens and by requests drafting: what a
 configuration's steps cost, and how often.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -72,7 +74,7 @@ def engine(mode: str, order: list[str], args: argparse.Namespace, turn: Path) ->
     llm.chat(chats[:4], sp, use_tqdm=False)
 
     core = llm.llm_engine.engine_core.engine_core
-    steps: list[tuple[int, int, bool, float, int]] = []
+    steps: list[tuple[int, int, bool, float, int, int]] = []
     planned: dict[str, Any] = {}
     schedule, step_fn = core.scheduler.schedule, core.step_fn
 
@@ -89,8 +91,9 @@ def engine(mode: str, order: list[str], args: argparse.Namespace, turn: Path) ->
         t0 = time.perf_counter()
         out = step_fn(*a, **k)
         if planned.get("n"):
+            made = sum(len(o.new_token_ids) for eco in out[0].values() for o in eco.outputs)
             steps.append((planned["n"], planned["drafts"], planned["prefill"],
-                          (time.perf_counter() - t0) * 1e3, planned["drafting"]))
+                          (time.perf_counter() - t0) * 1e3, planned["drafting"], made))
         planned.clear()
         return out
 
@@ -113,14 +116,16 @@ def engine(mode: str, order: list[str], args: argparse.Namespace, turn: Path) ->
 
 
 def shapes(steps: list[list[Any]], batch: int = 4, by_requests: bool = False
-           ) -> dict[int, tuple[int, float]]:
+           ) -> dict[int, tuple[int, float, float]]:
     """Decode steps (no prefill) of `batch` requests by draft tokens, or by requests drafting:
-    (count, mean ms)."""
-    by: dict[int, list[float]] = collections.defaultdict(list)
-    for n, drafts, prefill, ms, *drafting in steps:
+    (count, mean ms, mean tokens made; NaN where not logged)."""
+    by: dict[int, list[tuple[float, float]]] = collections.defaultdict(list)
+    for n, drafts, prefill, ms, *more in steps:
         if n == batch and not prefill:
-            by[drafting[0] if by_requests else drafts].append(ms)
-    return {d: (len(v), statistics.fmean(v)) for d, v in sorted(by.items())}
+            made = float(more[1]) if len(more) > 1 else math.nan
+            by[more[0] if by_requests else drafts].append((ms, made))
+    return {d: (len(v), statistics.fmean(x for x, _ in v), statistics.fmean(y for _, y in v))
+            for d, v in sorted(by.items())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,12 +181,13 @@ def main(argv: list[str] | None = None) -> int:
               f"x{args.modes[0]} {statistics.median(r):.3f} (rounds {min(r):.3f}-{max(r):.3f}),"
               f" same tokens: {out[m]['tokens'] == base['tokens']}; steps {len(out[m]['steps'])}"
               f" {total:.1f} s, with a prefill {len(pre)} {sum(s[3] for s in pre) / 1e3:.1f} s")
-        print("  at 4 requests, draft tokens: count x ms  " + "  ".join(
-            f"{d}: {n} x {ms:.0f}" for d, (n, ms) in shapes(out[m]["steps"]).items()))
+        print("  at 4 requests, draft tokens: count x ms (tokens made)  " + "  ".join(
+            f"{d}: {n} x {ms:.0f} ({t:.2f})"
+            for d, (n, ms, t) in shapes(out[m]["steps"]).items()))
         if all(len(s) > 4 for s in out[m]["steps"]):
-            print("  at 4 requests, requests drafting: count x ms  " + "  ".join(
-                f"{d}: {n} x {ms:.0f}"
-                for d, (n, ms) in shapes(out[m]["steps"], by_requests=True).items()))
+            print("  at 4 requests, requests drafting: count x ms (tokens made)  " + "  ".join(
+                f"{d}: {n} x {ms:.0f} ({t:.2f})"
+                for d, (n, ms, t) in shapes(out[m]["steps"], by_requests=True).items()))
     if args.json:
         args.json.write_text(json.dumps({"modes": args.modes, "rounds": args.rounds,
                                          "prompts": args.prompts, "engines": out}))
