@@ -26,7 +26,28 @@ from __future__ import annotations
 import numpy as np
 
 
-class ConfidenceCalibration:
+class _Decaying:
+    """Evidence arrays (named in `_arrays`) that decay by `forgetting` every `tick`, i.e. every
+    engine step; the decay is applied when they are next read or written, so a step that
+    touches none of them costs nothing."""
+
+    _arrays: tuple[str, ...] = ()
+    forgetting: float
+    pending: int
+
+    def tick(self) -> None:
+        """One engine step passed: all evidence decays once (lazily)."""
+        self.pending += 1
+
+    def _decay(self) -> None:
+        if self.pending:
+            f = self.forgetting ** self.pending
+            for name in self._arrays:
+                getattr(self, name)[...] *= f
+            self.pending = 0
+
+
+class ConfidenceCalibration(_Decaying):
     """Per row and confidence bin, decayed counts of accepted and rejected draft tokens.
 
     Attributes: bins (equal-width bins of [0, 1]), forgetting (per `tick`, i.e. per engine
@@ -34,6 +55,8 @@ class ConfidenceCalibration:
     ([n_rows, bins]), expected (successes the per-position estimates expected of the same
     trials, [n_rows, bins]), pending (ticks not yet applied to them: the decay is applied when they
     are next read or written, so a step without confidences costs nothing)."""
+
+    _arrays = ("succ", "fail", "expected")
 
     def __init__(self, n_rows: int, bins: int = 10, forgetting: float = 0.98,
                  min_evidence: float = 8.0) -> None:
@@ -44,18 +67,6 @@ class ConfidenceCalibration:
         self.fail = np.zeros((n_rows, bins))
         self.expected = np.zeros((n_rows, bins))
         self.pending = 0
-
-    def tick(self) -> None:
-        """One engine step passed: all evidence decays once (lazily)."""
-        self.pending += 1
-
-    def _decay(self) -> None:
-        if self.pending:
-            f = self.forgetting ** self.pending
-            self.succ *= f
-            self.fail *= f
-            self.expected *= f
-            self.pending = 0
 
     def _bin(self, confidence: np.ndarray) -> np.ndarray:
         c = np.clip(np.nan_to_num(np.asarray(confidence, dtype=np.float64)), 0.0, 1.0)
@@ -131,7 +142,7 @@ def per_position(val: np.ndarray) -> np.ndarray:
     return np.divide(val, prev, out=np.zeros_like(val), where=prev > 0)
 
 
-class OutcomeCalibration:
+class OutcomeCalibration(_Decaying):
     """What the trim's values turned into, per (row, draft position): decayed sums of the value
     each verified draft token was kept at (the running product: its expected acceptance) and of
     the tokens accepted there. The trim keeps the tokens it values most, so the values of kept
@@ -143,6 +154,8 @@ class OutcomeCalibration:
     Attributes: forgetting (per `tick`), prior, expected and accepted ([n_rows, k_max]),
     pending (ticks not yet applied)."""
 
+    _arrays = ("expected", "accepted")
+
     def __init__(self, n_rows: int, k_max: int, forgetting: float = 0.98,
                  prior: float = 8.0) -> None:
         self.forgetting = forgetting
@@ -150,17 +163,6 @@ class OutcomeCalibration:
         self.expected = np.zeros((n_rows, k_max))
         self.accepted = np.zeros((n_rows, k_max))
         self.pending = 0
-
-    def tick(self) -> None:
-        """One engine step passed: all evidence decays once (lazily)."""
-        self.pending += 1
-
-    def _decay(self) -> None:
-        if self.pending:
-            f = self.forgetting ** self.pending
-            self.expected *= f
-            self.accepted *= f
-            self.pending = 0
 
     def partial_fit(self, rows: np.ndarray, values: np.ndarray, verified: np.ndarray,
                     accepted: np.ndarray) -> None:
