@@ -53,8 +53,7 @@ class ConfidenceCalibration(_Decaying):
     Attributes: bins (equal-width bins of [0, 1]), forgetting (per `tick`, i.e. per engine
     step), min_evidence (decayed tokens a bin needs before `predict` trusts it), succ and fail
     ([n_rows, bins]), expected (successes the per-position estimates expected of the same
-    trials, [n_rows, bins]), pending (ticks not yet applied to them: the decay is applied when they
-    are next read or written, so a step without confidences costs nothing)."""
+    trials, [n_rows, bins]), pending (ticks not yet applied to them: see `_Decaying`)."""
 
     _arrays = ("succ", "fail", "expected")
 
@@ -122,13 +121,13 @@ def _logit(p: np.ndarray) -> np.ndarray:
     return np.log(p) - np.log1p(-p)
 
 
-def confidence_values(val: np.ndarray, c: np.ndarray, shift: np.ndarray, w: float
+def confidence_values(alpha: np.ndarray, c: np.ndarray, shift: np.ndarray, w: float
                       ) -> np.ndarray:
-    """The plan's running products `val` [k_max, m] of per-position acceptance with each
-    draft's confidence `c` weighed in (Controller.cut): per position the expected accepted
-    tokens of keeping it. `shift` is each draft's calibrated log-odds shift; where it is not
-    finite (no calibration yet) c is blended in with weight w."""
-    alpha = per_position(val)
+    """The plan's per-position acceptance `alpha` [k_max, m] (`per_position` of its running
+    products) with each draft's confidence `c` weighed in (Controller.cut), as running
+    products: per position the expected accepted tokens of keeping it. `shift` is each draft's
+    calibrated log-odds shift; where it is not finite (no calibration yet) c is blended in with
+    weight w."""
     a = np.clip(alpha, 1e-9, 1.0 - 1e-9)
     calibrated = np.where(alpha > 0, 1.0 / (1.0 + (1.0 - a) / a * np.exp(-shift)), 0.0)
     moved = np.where(np.isfinite(shift)[None, :], calibrated, (1.0 - w) * alpha + w * c)

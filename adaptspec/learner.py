@@ -314,12 +314,12 @@ class Learner:
                     alpha[unplanned] = self.estimator.mean()[rows[unplanned]]
                 self.confidence.partial_fit(rows, conf[scored], verified[scored],
                                             accepted[scored], alpha)
-                trimmed = np.isfinite(self.req_value[slots[scored], 0])
-                if trimmed.any():
-                    self.outcome.partial_fit(rows[trimmed],
-                                             self.req_value[slots[scored][trimmed]],
-                                             verified[scored][trimmed],
-                                             accepted[scored][trimmed])
+                planned = ~unplanned  # (`cut` set their alpha and their values together)
+                if planned.any():
+                    self.outcome.partial_fit(rows[planned],
+                                             self.req_value[slots[scored][planned]],
+                                             verified[scored][planned],
+                                             accepted[scored][planned])
             self.req_conf[slots] = self.req_alpha[slots] = self.req_value[slots] = np.nan
         if step_time_s is not None and step_time_s > 0:
             self.last_step_ms = step_time_s * 1e3
@@ -435,9 +435,9 @@ class Learner:
         confidence c. Where its (class, proposer) row has calibrated confidences like c
         (adaptspec/confidence.py: the acceptance measured for drafts of that confidence), each
         position's acceptance is moved by that bin's log-odds over what was expected of the
-        same positions; until then c is
-        blended in as (1 - w) alpha + w c, with w = policy.confidence_weight (0 turns
-        confidences off), and the draft keeps at least its first token, to calibrate. The
+        same positions; until then c is blended in as (1 - w) alpha + w c, with w =
+        policy.confidence_weight (0 turns confidences off), and the draft keeps at least its
+        first token, to calibrate. The
         drafts then keep the tokens of the step that makes the most tokens per predicted
         second (StepCostModel.trim, which sees the step's shape; each position's values
         corrected by what the tokens kept there turned into, `OutcomeCalibration`): a
@@ -468,7 +468,8 @@ class Learner:
             return out
         val, conf = inc[:, cols[known]], self.req_conf[slots[known]]
         shift = self.confidence.shift(last_rows[cols[known]], conf)
-        self.req_alpha[slots[known]] = per_position(val).T
+        alpha = per_position(val)
+        self.req_alpha[slots[known]] = alpha.T
         # The drafts as proposed, each position's value with its draft's confidence weighed
         # in, are cut to the step that pays best by the measured step times, its shape's
         # included: the plan priced every draft token alike, and a step's time jumps between
@@ -478,7 +479,7 @@ class Learner:
         forced = np.where(np.isfinite(shift) | (val[0] <= 0), k_min[cols[known]],
                           np.maximum(k_min[cols[known]], np.minimum(lengths[known], 1)))
         lc = bool((self._row_kind[last_rows] > 1).any())
-        values = confidence_values(val, conf, shift, w)
+        values = confidence_values(alpha, conf, shift, w)
         self.req_value[slots[known]] = values.T
         keep = self.cost.trim(self.outcome.correct(values, last_rows[cols[known]]),
                               lengths[known], last_slots.size, forced,

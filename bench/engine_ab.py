@@ -118,7 +118,7 @@ def engine(mode: str, order: list[str], args: argparse.Namespace, turn: Path) ->
 def shapes(steps: list[list[Any]], batch: int = 4, by_requests: bool = False
            ) -> dict[int, tuple[int, float, float]]:
     """Decode steps (no prefill) of `batch` requests by draft tokens, or by requests drafting:
-    (count, mean ms, mean tokens made; NaN where not logged)."""
+    (count, mean ms, mean tokens made; NaN in logs from before it was logged)."""
     by: dict[int, list[tuple[float, float]]] = collections.defaultdict(list)
     for n, drafts, prefill, ms, *more in steps:
         if n == batch and not prefill:
@@ -184,10 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         print("  at 4 requests, draft tokens: count x ms (tokens made)  " + "  ".join(
             f"{d}: {n} x {ms:.0f} ({t:.2f})"
             for d, (n, ms, t) in shapes(out[m]["steps"]).items()))
-        if all(len(s) > 4 for s in out[m]["steps"]):
-            print("  at 4 requests, requests drafting: count x ms (tokens made)  " + "  ".join(
-                f"{d}: {n} x {ms:.0f} ({t:.2f})"
-                for d, (n, ms, t) in shapes(out[m]["steps"], by_requests=True).items()))
+        print("  at 4 requests, requests drafting: count x ms (tokens made)  " + "  ".join(
+            f"{d}: {n} x {ms:.0f} ({t:.2f})"
+            for d, (n, ms, t) in shapes(out[m]["steps"], by_requests=True).items()))
     if args.json:
         args.json.write_text(json.dumps({"modes": args.modes, "rounds": args.rounds,
                                          "prompts": args.prompts, "engines": out}))
