@@ -75,21 +75,10 @@ class AcceptanceEstimator:
     def posterior_sums(self) -> np.ndarray:
         """The active classes' posteriors, position-major [2 k_max, classes]: rows [0, k_max)
         a (the prior's share plus successes) per position, [k_max, 2 k_max) a + b (prior
-        strength plus verifications); mean = a / (a + b). The decision's input."""
-        kk, ev = self.k_max, self.ev[: self.active]
-        succ, fail = ev[:, :kk], ev[:, kk: 2 * kk]
-        pa, pb = ev[:, 2 * kk: 3 * kk], ev[:, 3 * kk:]
-        strength, prior_logit = pa + pb, np.log(pa / pb)
-        out = np.empty((2 * kk, ev.shape[0]))
-        shift = np.zeros(ev.shape[0])  # how far the position before moved from its prior
-        for j in range(kk):
-            # (within set_prior's bounds, so that a + b > a however far the shift went)
-            prior = strength[:, j] * np.clip(1.0 / (1.0 + np.exp(-(prior_logit[:, j] + shift))),
-                                             PRIOR_MIN, 1.0 - PRIOR_MIN)
-            a, t = prior + succ[:, j], strength[:, j] + succ[:, j] + fail[:, j]
-            out[j], out[kk + j] = a, t
-            shift = np.log(a / (t - a)) - prior_logit[:, j]
-        return out
+        strength plus verifications); mean = a / (a + b). The decision's input, computed every
+        step by the compiled kernel fastpath.posterior (the maths, moving each position's prior
+        by the one before it: adaptspec.step_reference.posterior)."""
+        return fastpath.posterior(self.ev, self.active, self.k_max, PRIOR_MIN)
 
     def observations(self) -> np.ndarray:
         """Decayed count of verified positions per class (evidence beyond the prior)."""

@@ -1,14 +1,15 @@
-"""The controller's per-step work as two compiled kernels: the only code that learns and
+"""The controller's per-step work as compiled kernels: the only code that learns and
 decides in production, for every policy.
 
-`feedback` puts one step's verifications into both estimators; `decide` chooses every
-request's K from the posteriors. adaptspec/step_reference.py is the same maths in plain numpy,
-written to be read first; tests/test_fastpath.py checks these kernels against it bit for bit
-on random batches and policies. The kernels exist because a numpy call costs a microsecond or
-two whatever its size, and the step has a budget of 100 us for a batch of 256 (`adaptspec
-bench decide`): written in numpy it takes some sixty calls.
+`feedback` puts one step's verifications into both estimators; `posterior` reads the class
+posteriors off the evidence; `decide` chooses every request's K from them.
+adaptspec/step_reference.py is the same maths in plain numpy, written to be read first;
+tests/test_fastpath.py checks these kernels against it bit for bit on random batches and
+policies. The kernels exist because a numpy call costs a microsecond or two whatever its
+size, and the step has a budget of 100 us for a batch of 256 (`adaptspec bench decide`):
+written in numpy it takes some sixty calls.
 
-Both run in one pass over the batch in the order the reference computes, so that every sum
+They run in one pass over the batch in the order the reference computes, so that every sum
 rounds as it does there. numba does no bounds checking: the controller checks the arrays'
 shapes and slots before calling.
 """
@@ -101,6 +102,26 @@ def feedback(ev: np.ndarray, n_classes: int, kk: int, decay: float, cls: np.ndar
         records[0, slots[i]] = sn[0, i]
         records[1, slots[i]] = sn[1, i]
     return sn, spec, longest
+
+
+@_jit
+def posterior(ev: np.ndarray, n_classes: int, kk: int, prior_min: float) -> np.ndarray:
+    """The posterior sums [2 kk, n_classes] of the first n_classes rows of ev [classes, 4 kk]
+    (AcceptanceEstimator.posterior_sums says what): per position, the prior moved in log-odds
+    as far as the position before moved from its own prior, plus the evidence."""
+    out = np.empty((2 * kk, n_classes))
+    for c in range(n_classes):
+        shift = 0.0
+        for j in range(kk):
+            pa, pb = ev[c, 2 * kk + j], ev[c, 3 * kk + j]
+            strength, prior_logit = pa + pb, np.log(pa / pb)
+            prior = strength * min(max(1.0 / (1.0 + np.exp(-(prior_logit + shift))), prior_min),
+                                   1.0 - prior_min)
+            a = prior + ev[c, j]
+            t = strength + ev[c, j] + ev[c, kk + j]
+            out[j, c], out[kk + j, c] = a, t
+            shift = np.log(a / (t - a)) - prior_logit
+    return out
 
 
 @_jit
@@ -251,6 +272,7 @@ def warm_up() -> None:
     i64, f64 = np.zeros(1, dtype=np.int64), np.zeros(1)
     ev, records = np.ones((1, 4)), np.zeros((2, 1))
     sn, _, _ = feedback(ev, 1, 1, 1.0, i64, records, i64, i64, i64, 0.9)
+    posterior(ev, 1, 1, 1e-3)
     decide(np.ones((2, 1)), i64, i64 + 1, i64 + 1, f64 + np.inf, 1.0, sn, i64,
            np.zeros(1, dtype=bool), np.zeros((0, 1)), np.zeros(N_FEATURES), 1.0, 0.0, 2,
            i64.copy(), i64.copy(), i64)

@@ -4,7 +4,7 @@ step-time model, hysteresis, and the decision over them.
 Each step the engine's feedback (drafted k, accepted a, per request, and the step's time)
 updates the acceptance posteriors and the step-time model; then every request's K is chosen
 jointly, because one request's extra draft tokens slow the whole batch's step. How it chooses:
-adaptspec/step_reference.py, the maths in numpy; what runs: the same in two compiled kernels
+adaptspec/step_reference.py, the maths in numpy; what runs: the same in compiled kernels
 (adaptspec/fastpath.py), about 100 us for a batch of 256 at most (`adaptspec bench decide`).
 Controller (controller.py) adds the plan around it: the bounds, the guard, faults.
 """
@@ -26,6 +26,7 @@ from adaptspec.confidence import (
     OutcomeCalibration,
     confidence_values,
     per_position,
+    unit_interval,
 )
 from adaptspec.cost import StepCostModel
 from adaptspec.fastpath import BINS
@@ -451,8 +452,7 @@ class Learner:
         state = self._last_cut
         if w <= 0 or slots.size == 0:
             return lengths.copy()
-        self.req_conf[slots] = np.clip(np.nan_to_num(np.asarray(confidence, dtype=np.float64)),
-                                       0.0, 1.0)
+        self.req_conf[slots] = unit_interval(confidence)
         self._conf_pending = True
         if state is None:
             return lengths.copy()

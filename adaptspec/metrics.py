@@ -25,13 +25,19 @@ if TYPE_CHECKING:
 
 
 class _Bound:
-    """A labelled metric family seen from one engine: `labels` takes the other labels."""
+    """A labelled metric family seen from one engine: `labels` takes the other labels. Its
+    children are kept: prometheus-client checks and joins the label values on every `labels`
+    call, some twenty times a step here (the label sets are bounded, so is the dict)."""
 
     def __init__(self, metric: Any, engine: str) -> None:
         self.metric, self.engine = metric, engine
+        self._children: dict[tuple[str, ...], Any] = {}
 
     def labels(self, *values: str) -> Any:
-        return self.metric.labels(self.engine, *values)
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.metric.labels(self.engine, *values)
+        return child
 
 
 class Metrics:

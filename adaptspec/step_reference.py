@@ -1,6 +1,6 @@
 """The controller's per-step maths in plain numpy, to be read first.
 
-adaptspec/fastpath.py computes the same in two compiled kernels, which are what runs in
+adaptspec/fastpath.py computes the same in compiled kernels, which are what runs in
 production; tests/test_fastpath.py checks them against these functions bit for bit on random
 batches and policies. So sums here run in the kernels' order (np.add.accumulate, not np.sum,
 which pairs terms), and nothing in the package calls this module.
@@ -46,6 +46,24 @@ def feedback(ev: np.ndarray, kk: int, decay: float, cls: np.ndarray, records: np
     sn += [(a > 0) * 1.0, (d > 0) * 1.0]
     records[:, slots] = sn
     return sn, int(drafted.sum()), max(int(drafted.max(initial=0)), 0)
+
+
+def posterior(ev: np.ndarray, kk: int, prior_min: float) -> np.ndarray:
+    """fastpath.posterior (AcceptanceEstimator.posterior_sums says what), ev being the active
+    classes' rows."""
+    succ, fail = ev[:, :kk], ev[:, kk: 2 * kk]
+    pa, pb = ev[:, 2 * kk: 3 * kk], ev[:, 3 * kk:]
+    strength, prior_logit = pa + pb, np.log(pa / pb)
+    out = np.empty((2 * kk, ev.shape[0]))
+    shift = np.zeros(ev.shape[0])  # how far the position before moved from its prior
+    for j in range(kk):
+        # (within set_prior's bounds, so that a + b > a however far the shift went)
+        prior = strength[:, j] * np.clip(1.0 / (1.0 + np.exp(-(prior_logit[:, j] + shift))),
+                                         prior_min, 1.0 - prior_min)
+        a, t = prior + succ[:, j], strength[:, j] + succ[:, j] + fail[:, j]
+        out[j], out[kk + j] = a, t
+        shift = np.log(a / (t - a)) - prior_logit[:, j]
+    return out
 
 
 def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,

@@ -12,7 +12,7 @@ import pytest
 
 from adaptspec import fastpath
 from adaptspec import step_reference as ref
-from adaptspec.acceptance import AcceptanceEstimator
+from adaptspec.acceptance import PRIOR_MIN, AcceptanceEstimator
 from adaptspec.controller import Controller
 from adaptspec.cost import N_FEATURES
 from adaptspec.policy import ClassPolicy, CostModel, Policy
@@ -48,6 +48,23 @@ def test_feedback_equals_reference(n: int) -> None:
         assert got[1:] == want[1:]
         np.testing.assert_array_equal(ev, ev2)
         np.testing.assert_array_equal(records, records2)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_posterior_equals_reference(seed: int) -> None:
+    """The posterior kernel reads what the numpy reference reads, priors moved along the
+    draft, on random evidence (none, some, much; priors near 0 and 1)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        kk, n_cls = int(rng.integers(1, 13)), int(rng.integers(1, 9))
+        est = AcceptanceEstimator(n_cls + 2, kk)
+        for c in range(n_cls):
+            est.set_prior(c, rng.uniform(0.0, 1.0, kk), float(rng.choice([0.5, 1.0, 20.0])))
+        est.succ[:] = rng.random(est.succ.shape) * rng.choice([0.0, 3.0, 300.0])
+        est.fail[:] = rng.random(est.fail.shape) * rng.choice([0.0, 3.0, 300.0])
+        est.active = n_cls
+        want = ref.posterior(est.ev[:n_cls], kk, PRIOR_MIN)
+        np.testing.assert_array_equal(est.posterior_sums(), want)
 
 
 def _decide_case(rng: np.random.Generator, n: int) -> tuple:
