@@ -83,7 +83,7 @@ class Learner:
         # What each row's proposer confidence is worth (see `cut`)
         self.confidence = ConfidenceCalibration(n_cls * n_prop, forgetting=policy.forgetting)
         # What the values the trim kept drafts at turned into (see `cut`)
-        self.outcome = OutcomeCalibration(n_cls * n_prop, self.k_max, policy.forgetting)
+        self.outcome = OutcomeCalibration(n_cls * n_prop)
         for name in policy.classes:
             self._register_class(name, name)
         self._other = self._register_class(OTHER_CLASS, policy.default_class)
@@ -302,7 +302,6 @@ class Learner:
         if verified is not drafted:
             spec_tokens, longest = int(verified.sum()), max(int(verified.max(initial=0)), 0)
         self.confidence.tick()
-        self.outcome.tick()
         if self._conf_pending:  # drafts whose confidence `cut` kept were verified now
             self._conf_pending = False
             conf = self.req_conf[slots]
