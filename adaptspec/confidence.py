@@ -18,7 +18,8 @@ its first token (only verified tokens calibrate).
 
 Bins rather than a fitted curve: the counts decay every step like the rest of the controller's
 evidence, update in place on the hot path, and need no refit. `OutcomeCalibration` then checks
-the values the trim kept tokens at against what those tokens turned into, per draft position.
+the values the trim kept tokens at against what those tokens turned into, per value bin (a
+draft's first token apart).
 """
 
 from __future__ import annotations
@@ -68,8 +69,7 @@ class ConfidenceCalibration(_Decaying):
         self.pending = 0
 
     def _bin(self, confidence: np.ndarray) -> np.ndarray:
-        c = unit_interval(confidence)
-        return np.minimum((c * self.bins).astype(np.int64), self.bins - 1)
+        return equal_bins(confidence, self.bins)
 
     def partial_fit(self, rows: np.ndarray, confidence: np.ndarray, drafted: np.ndarray,
                     accepted: np.ndarray, alpha: np.ndarray) -> None:
@@ -121,6 +121,11 @@ def unit_interval(x: np.ndarray) -> np.ndarray:
     """x as floats clipped to [0, 1], NaN read as 0 (fmax and fmin skip NaN: two ufunc calls,
     where nan_to_num and clip take a dozen on the per-step path)."""
     return np.fmin(np.fmax(np.asarray(x, dtype=np.float64), 0.0), 1.0)
+
+
+def equal_bins(x: np.ndarray, bins: int) -> np.ndarray:
+    """Index of x's bin among `bins` equal-width bins of [0, 1] (`unit_interval` first)."""
+    return np.minimum((unit_interval(x) * bins).astype(np.int64), bins - 1)
 
 
 def _logit(p: np.ndarray) -> np.ndarray:
@@ -180,8 +185,7 @@ class OutcomeCalibration:
 
     def _cell(self, values: np.ndarray, later: np.ndarray) -> np.ndarray:
         """(first or later position, value bin) as one index into the last two axes."""
-        b = np.minimum((unit_interval(values) * self.bins).astype(np.int64), self.bins - 1)
-        return later * self.bins + b
+        return later * self.bins + equal_bins(values, self.bins)
 
     def partial_fit(self, rows: np.ndarray, values: np.ndarray, verified: np.ndarray,
                     accepted: np.ndarray) -> None:
