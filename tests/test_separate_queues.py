@@ -33,9 +33,11 @@ from adaptspec.tools.promtext import parse_metrics  # noqa: E402
 pytestmark = pytest.mark.vllm
 
 DP = ["--data-parallel-size", "2"]
-# Latency-critical requests run much longer than the others (seconds), so that the others run
-# beside them even on a loaded machine, where one read of /metrics can take seconds.
-N_JOBS, CODE_TOKENS, LC_TOKENS, MAX_LEN = 16, 24, 1500, 2048
+# Latency-critical requests run much longer than the others (seconds: 16x the steps of the
+# others, whose 12 requests take about 2 x 24 steps on engine 1), so that the others run beside
+# them even on a loaded machine, where one read of /metrics can take seconds.
+N_JOBS, CODE_TOKENS, LC_TOKENS, MAX_LEN = 16, 24, 800, 2048
+WARMUP_TOKENS = 8
 
 
 def _post(url: str, body: dict) -> dict:
@@ -73,24 +75,24 @@ def _serve(cmd: list[str], log: Path, env: dict[str, str], jobs: list[tuple[str,
     try:
         wait_until_up(base + "/health", proc, log, 400)
 
-        def one(job: tuple[str, list[int]]) -> dict[str, Any]:
+        def one(job: tuple[str, list[int]], tokens: int | None = None) -> dict[str, Any]:
             cls, prompt = job
             o = _post(base + "/v1/completions", {
                 "model": "tiny", "prompt": prompt, "temperature": 0, "ignore_eos": True,
-                "max_tokens": LC_TOKENS if cls == "interactive" else CODE_TOKENS,
+                "max_tokens": tokens or (LC_TOKENS if cls == "interactive" else CODE_TOKENS),
                 "vllm_xargs": {"adaptspec_class": cls}})
             return {"class": cls, "text": o["choices"][0]["text"]}
 
         # One request of each class first, so that each engine's first-step costs (compiling,
         # allocation) fall outside the measured stream.
         for cls in dict(jobs):
-            one(next(j for j in jobs if j[0] == cls))
+            one(next(j for j in jobs if j[0] == cls), WARMUP_TOKENS)
         before = scrape()
         with ThreadPoolExecutor(len(jobs)) as pool:
             lc = {i: pool.submit(one, j) for i, j in enumerate(jobs) if j[0] == "interactive"}
             rest = {i: pool.submit(one, j) for i, j in enumerate(jobs) if i not in lc}
             # read while the others run and once after: `during` is the last read at which
-            # engine 0 still ran requests (the latency-critical ones, 1500 tokens each against
+            # engine 0 still ran requests (the latency-critical ones, LC_TOKENS each against
             # the others' 24), however slowly a loaded machine answers
             during: dict | None = None
             while True:

@@ -106,21 +106,33 @@ def vllm_tests(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return top
 
 
-def _run(top: Path, classes: str, model: str, out: Path, policy: str = "static"
-         ) -> tuple[dict[str, str], int]:
-    """Outcome per test (passed, failed, skipped) and how many adaptspec schedulers were built."""
+def _start(top: Path, classes: str, model: str, out: Path, policy: str = "static"
+           ) -> tuple[subprocess.Popen, Path]:
+    """vLLM's scheduler tests in a pytest process of their own, on `classes`."""
     out.mkdir(parents=True, exist_ok=True)
-    junit, count = out / "junit.xml", out / "count"
     env = {**os.environ, "PEER_CLASSES": classes, "PEER_MODEL": model, "PEER_DIR": str(out),
-           "PEER_COUNT": str(count), "PEER_POLICY": policy,
+           "PEER_COUNT": str(out / "count"), "PEER_POLICY": policy,
            "PYTHONPATH": os.pathsep.join([str(top), str(SUPPORT),
                                           os.environ.get("PYTHONPATH", "")])}
     env.pop("ADAPTSPEC_POLICY", None)
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "--noconftest", "-p", "vllm_peer_plugin",
-         "-p", "no:cacheprovider", f"--junitxml={junit}", "--rootdir", str(top), *FILES],
-        cwd=top, env=env, capture_output=True, text=True, timeout=1200)
-    assert junit.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+         "-p", "no:cacheprovider", f"--junitxml={out / 'junit.xml'}", "--rootdir", str(top),
+         *FILES],
+        cwd=top, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, out
+
+
+def _outcomes(run: tuple[subprocess.Popen, Path]) -> tuple[dict[str, str], int]:
+    """Outcome per test (passed, failed, skipped) and how many adaptspec schedulers were built."""
+    proc, out = run
+    try:
+        stdout, stderr = proc.communicate(timeout=1200)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+    junit, count = out / "junit.xml", out / "count"
+    assert junit.exists(), stdout[-3000:] + stderr[-3000:]
     outcomes: dict[str, str] = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
         name = f"{case.get('classname')}::{case.get('name')}"
@@ -131,16 +143,27 @@ def _run(top: Path, classes: str, model: str, out: Path, policy: str = "static"
 
 
 @pytest.fixture(scope="module")
-def theirs(vllm_tests: Path, tiny_models: dict[str, Any],
-           tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The outcomes on vLLM's own classes (the baseline)."""
-    return _run(vllm_tests, "vllm", tiny_models["target"], tmp_path_factory.mktemp("vllm"))[0]
+def runs(vllm_tests: Path, tiny_models: dict[str, Any],
+         tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, str], int]]:
+    """The outcomes on vLLM's own classes (the baseline), on adaptspec's at the engine's K and
+    on adaptspec's under the default policy. The three runs are single-threaded Python: they run
+    side by side."""
+    model, tmp = tiny_models["target"], tmp_path_factory.mktemp("peer")
+    started = {"theirs": _start(vllm_tests, "vllm", model, tmp / "vllm"),
+               "ours": _start(vllm_tests, "adaptspec", model, tmp / "adaptspec"),
+               "default": _start(vllm_tests, "adaptspec", model, tmp / "default",
+                                 policy="default")}
+    return {name: _outcomes(run) for name, run in started.items()}
+
+
+@pytest.fixture(scope="module")
+def theirs(runs: dict[str, tuple[dict[str, str], int]]) -> dict[str, str]:
+    return runs["theirs"][0]
 
 
 def test_vllms_scheduler_tests_pass_on_adaptspecs_schedulers(
-        vllm_tests: Path, theirs: dict[str, str], tiny_models: dict[str, Any],
-        tmp_path: Path) -> None:
-    ours, built = _run(vllm_tests, "adaptspec", tiny_models["target"], tmp_path / "adaptspec")
+        runs: dict[str, tuple[dict[str, str], int]], theirs: dict[str, str]) -> None:
+    ours, built = runs["ours"]
     passed = {t for t, o in theirs.items() if o == "passed"}
     print(f"vLLM's scheduler tests: {len(passed)} pass on vLLM's classes, "
           f"{sum(o == 'skipped' for o in theirs.values())} need a hub model; "
@@ -169,10 +192,8 @@ BY_DESIGN: dict[str, str] = {
 
 
 def test_with_the_default_policy_only_the_named_tests_differ(
-        vllm_tests: Path, theirs: dict[str, str], tiny_models: dict[str, Any],
-        tmp_path: Path) -> None:
-    ours, built = _run(vllm_tests, "adaptspec", tiny_models["target"], tmp_path / "default",
-                       policy="default")
+        runs: dict[str, tuple[dict[str, str], int]], theirs: dict[str, str]) -> None:
+    ours, built = runs["default"]
     assert built > 0
     passed = {t for t, o in theirs.items() if o == "passed"}
     differ = sorted(t for t in passed if ours[t] != "passed")
