@@ -359,18 +359,17 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
-@pytest.mark.parametrize("draft", [False, True], ids=["ngram", "hybrid_draft"])
-def test_adaptspec_serve_end_to_end(tiny_models: dict, policy_file: Path, tmp_path: Path,
-                                    draft: bool) -> None:
-    """`adaptspec serve` as users run it: vLLM's API server, its engine core and worker in
-    processes of their own (what the per-request K, proposer, confidence and draft cost
-    cross), with our n-gram proposer, or with `--draft` the hybrid with the draft model."""
+def _serve_end_to_end(tiny_models: dict, policy_file: Path, folder: Path, draft: bool
+                      ) -> dict[str, Any]:
+    """One server's run: its outputs, its metrics, its exit code after SIGTERM and its log."""
+    folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    log = open(tmp_path / "server.log", "w")
+    log_path = folder / "server.log"
+    log = open(log_path, "w")
     extra: list[str] = []
     if draft:
-        exploring = tmp_path / "exploring.yaml"  # so that every proposer gets its turn
+        exploring = folder / "exploring.yaml"  # so that every proposer gets its turn
         exploring.write_text(priced_policy_text(exploration=0.3))
         policy_file = exploring
         extra = ["--draft", tiny_models["draft"]]
@@ -379,8 +378,9 @@ def test_adaptspec_serve_end_to_end(tiny_models: dict, policy_file: Path, tmp_pa
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
         start_new_session=True,  # so a stuck server goes with its whole process group
     )
+    out: dict[str, Any] = {"code": None, "stuck": False}
     try:
-        wait_until_up(base + "/health", proc, tmp_path / "server.log", 300)
+        wait_until_up(base + "/health", proc, log_path, 300)
         prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n"
         if draft:
             # A prompt that does not repeat itself: on the one above the suffix and n-gram
@@ -389,35 +389,61 @@ def test_adaptspec_serve_end_to_end(tiny_models: dict, policy_file: Path, tmp_pa
             prompt = "import os\nimport sys\n\n\ndef main(argv):\n    parser ="
         jobs = [("code", prompt), ("interactive", prompt)] * 4
         with ThreadPoolExecutor(8) as pool:
-            outs = list(pool.map(lambda j: _post(base + "/v1/completions", {
+            out["outs"] = list(pool.map(lambda j: _post(base + "/v1/completions", {
                 "model": "tiny", "prompt": j[1], "max_tokens": 32, "temperature": 0,
                 "ignore_eos": True, "vllm_xargs": {"adaptspec_class": j[0]}}), jobs))
-        assert all(o["usage"]["completion_tokens"] == 32 for o in outs)
-        # greedy: the same prompt gives the same text whatever the class's K
-        assert len({o["choices"][0]["text"] for o in outs}) == 1
-        text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
-        metrics = parse_metrics(text)
-        rows = per_class(metrics)
-        assert rows["code"]["draft_tokens"] > 0
-        assert rows["interactive"].get("draft_tokens", 0) == 0
-        assert rows["interactive"]["steps_latency_critical"] > 0
-        assert "vllm:spec_decode_num_draft_tokens_total" in metrics  # vLLM's own, beside ours
-        if draft:
-            passes = sum(metrics.get("adaptspec_draft_model_passes_total", {}).values())
-            by_proposer = {dict(labels)["proposer"] for labels, v in
-                           metrics.get("adaptspec_draft_tokens_total", {}).items() if v > 0}
-            assert passes > 0 and "draft" in by_proposer, (passes, by_proposer)
+        out["metrics"] = parse_metrics(
+            urllib.request.urlopen(base + "/metrics", timeout=10).read().decode())
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            code = proc.wait(timeout=120)
+            out["code"] = proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)  # vLLM's server and engine core with it
             proc.wait()
-            raise AssertionError("server did not stop within 120 s of SIGTERM\n" +
-                                 (tmp_path / "server.log").read_text()[-3000:]) from None
+            out["stuck"] = True
         log.close()
-    assert code == 0, (tmp_path / "server.log").read_text()[-3000:]
+        out["log"] = log_path.read_text()[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(tiny_models: dict, policy_file: Path, tmp_path_factory: pytest.TempPathFactory
+           ) -> dict[bool, Any]:
+    """Both servers of test_adaptspec_serve_end_to_end at once: a start is mostly
+    single-threaded imports, so on a 2-core machine two take little longer than one. Each run's
+    exception, if any, is kept for its own test to raise."""
+    tmp = tmp_path_factory.mktemp("e2e")
+    with ThreadPoolExecutor(2) as pool:
+        futures = {d: pool.submit(_serve_end_to_end, tiny_models, policy_file, tmp / str(d), d)
+                   for d in (False, True)}
+        return {d: (f.exception() or f.result()) for d, f in futures.items()}
+
+
+@pytest.mark.parametrize("draft", [False, True], ids=["ngram", "hybrid_draft"])
+def test_adaptspec_serve_end_to_end(served: dict[bool, Any], draft: bool) -> None:
+    """`adaptspec serve` as users run it: vLLM's API server, its engine core and worker in
+    processes of their own (what the per-request K, proposer, confidence and draft cost
+    cross), with our n-gram proposer, or with `--draft` the hybrid with the draft model."""
+    run = served[draft]
+    if isinstance(run, BaseException):
+        raise run
+    assert not run["stuck"], "server did not stop within 120 s of SIGTERM\n" + run["log"]
+    outs, metrics = run["outs"], run["metrics"]
+    assert all(o["usage"]["completion_tokens"] == 32 for o in outs)
+    # greedy: the same prompt gives the same text whatever the class's K
+    assert len({o["choices"][0]["text"] for o in outs}) == 1
+    rows = per_class(metrics)
+    assert rows["code"]["draft_tokens"] > 0
+    assert rows["interactive"].get("draft_tokens", 0) == 0
+    assert rows["interactive"]["steps_latency_critical"] > 0
+    assert "vllm:spec_decode_num_draft_tokens_total" in metrics  # vLLM's own, beside ours
+    if draft:
+        passes = sum(metrics.get("adaptspec_draft_model_passes_total", {}).values())
+        by_proposer = {dict(labels)["proposer"] for labels, v in
+                       metrics.get("adaptspec_draft_tokens_total", {}).items() if v > 0}
+        assert passes > 0 and "draft" in by_proposer, (passes, by_proposer)
+    assert run["code"] == 0, run["log"]
 
 
 def test_bad_policy_in_engine_fails_start_up(runs: dict) -> None:
