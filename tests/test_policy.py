@@ -177,3 +177,31 @@ def test_a_state_path_no_file_system_can_hold_is_refused_at_start(field: str,
     ok = str(tmp_path / ("s" * 223))
     assert Policy(state_file=ok).state_file == ok
     assert Policy(state_file="").state_file is None  # empty: no state file, as before
+
+
+def test_the_benchmarks_fixed_k2_policy_plans_k2_for_every_class_that_drafts() -> None:
+    """bench/fixed_k2.yaml: adaptspec's machinery at vLLM's static K=2 (the A/B that separates
+    what the machinery costs from what the decisions do): K = 2 whatever is accepted or how sure
+    the proposer is, 0 for the latency-critical class."""
+    import numpy as np
+
+    from adaptspec.classify import RequestInfo
+    from adaptspec.runtime import AdaptiveRuntime
+
+    rt = AdaptiveRuntime(load_policy(ROOT / "bench" / "fixed_k2.yaml"), k_cap=8)
+    classes = ["code", "chat", "creative", "summarization", "interactive"]
+    ids = [f"r{i}" for i in range(len(classes))]
+    for r, c in zip(ids, classes, strict=True):
+        rt.admit(r, RequestInfo(extra_args={"adaptspec_class": c}))
+    want = {r: 0 if c == "interactive" else 2 for r, c in zip(ids, classes, strict=True)}
+    rng = np.random.default_rng(0)
+    ks = {r: rt.k_for(r) for r in ids}
+    for _ in range(50):
+        drafted = [ks[r] for r in ids]
+        accepted = [int(rng.integers(0, d + 1)) for d in drafted]  # anything from 0 to all
+        ks = rt.step(ids, drafted, accepted, float(rng.uniform(0.05, 0.5)))
+        assert ks == want
+        drafting = [r for r in ids if ks[r]]
+        assert rt.cut(drafting, [2] * len(drafting), [0.01] * len(drafting)) == \
+            [2] * len(drafting)
+    assert rt.errors == 0  # (a fault in `cut` would keep drafts as they are, and say so here)
