@@ -13,7 +13,8 @@ configuration's steps cost, and how often.
     python bench/engine_ab.py ngram2 adaptspec [--rounds 4] [--prompts 16] [--json OUT]
 
 Modes: `plain` (vLLM without speculation), `ngramK` (vLLM's n-gram, static K, lookup 2-4),
-`adaptspec` or `adaptspec=POLICY` (adaptspec over its own n-gram proposer, K <= 8). Every
+`adaptspec` or `adaptspec=POLICY` (adaptspec over its own n-gram proposer, K <= 8;
+`adaptspec=k2`: its machinery at vLLM's static K=2, `bench unseen`'s adaptspec_k2). Every
 engine served the same prompts the round before, so from the second round on their prefixes
 are cached: these are warm engines, decode-heavier than a fresh server. One run resolves
 about 3-4% (docs/benchmarks.md). Each engine holds its own model and KV cache: the 0.5B takes
@@ -152,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
         procs = {}
         for m in args.modes:
             policy = m.split("=", 1)[1] if "=" in m else "default"
+            if policy == "k2":  # the machinery at vLLM's static K=2 (`bench unseen`'s)
+                from adaptspec.tools.bench.nopay import DEFAULT_POLICY
+                from adaptspec.tools.bench.servers import policy_for
+                from adaptspec.tools.bench.unseen import FIXED_K2
+
+                policy = str(policy_for(FIXED_K2, Path(DEFAULT_POLICY), Path(tmp)))
             procs[m] = subprocess.Popen(
                 [sys.executable, __file__, *args.modes, "--model", args.model, "--rounds",
                  str(args.rounds), "--prompts", str(args.prompts), "--side", m, str(turn)],

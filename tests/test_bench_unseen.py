@@ -35,6 +35,15 @@ def test_every_group_has_plain_and_at_most_max_servers() -> None:
         [[unseen.PLAIN, "adaptspec"]]
 
 
+def test_fixed_k2_runs_only_when_named() -> None:
+    """adaptspec_k2 (adaptspec's machinery at K=2, for a static K's engine account) is a
+    diagnostic: not in the default run, which the goals and the README's table come from."""
+    assert unseen.FIXED_K2.name not in [c.name for c in unseen.chosen(None)]
+    assert [c.name for c in unseen.chosen(["adaptspec", "adaptspec_k2"])] == \
+        [unseen.PLAIN, "adaptspec", "adaptspec_k2"]
+    assert unseen.FIXED_K2.name not in unseen.ADAPTIVE  # no goals are judged on it
+
+
 def _run(walls: list[float], gap: float, ref_walls: list[float], ref_gap: float) -> dict:
     return {"slice_wall_s": walls, "lc_median_gap_ms": gap, "wall_s": sum(walls),
             "reference": {"slice_wall_s": ref_walls, "lc_median_gap_ms": ref_gap}}

@@ -179,16 +179,21 @@ def test_a_state_path_no_file_system_can_hold_is_refused_at_start(field: str,
     assert Policy(state_file="").state_file is None  # empty: no state file, as before
 
 
-def test_the_benchmarks_fixed_k2_policy_plans_k2_for_every_class_that_drafts() -> None:
-    """bench/fixed_k2.yaml: adaptspec's machinery at vLLM's static K=2 (the A/B that separates
-    what the machinery costs from what the decisions do): K = 2 whatever is accepted or how sure
-    the proposer is, 0 for the latency-critical class."""
+def test_the_benchmarks_fixed_k2_policy_plans_k2_for_every_class_that_drafts(
+        tmp_path: Path) -> None:
+    """`bench unseen`'s adaptspec_k2: adaptspec's machinery at vLLM's static K=2 (the A/B that
+    separates what the machinery costs from what the decisions do): K = 2 whatever is accepted
+    or how sure the proposer is, 0 for the latency-critical class."""
     import numpy as np
 
     from adaptspec.classify import RequestInfo
     from adaptspec.runtime import AdaptiveRuntime
+    from adaptspec.tools.bench.nopay import DEFAULT_POLICY
+    from adaptspec.tools.bench.servers import policy_for
+    from adaptspec.tools.bench.unseen import FIXED_K2
 
-    rt = AdaptiveRuntime(load_policy(ROOT / "bench" / "fixed_k2.yaml"), k_cap=8)
+    policy = load_policy(policy_for(FIXED_K2, Path(DEFAULT_POLICY), tmp_path))
+    rt = AdaptiveRuntime(policy, k_cap=8)
     classes = ["code", "chat", "creative", "summarization", "interactive"]
     ids = [f"r{i}" for i in range(len(classes))]
     for r, c in zip(ids, classes, strict=True):

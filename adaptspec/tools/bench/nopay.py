@@ -194,6 +194,10 @@ def run_repeat(configs: list[Config], model: str, rendered: dict[str, str],
             "server_start_s": start_s[name], "wall_s": wall, "tokens": tokens,
             "tok_per_s": tokens / wall, "slice_wall_s": [c["wall_s"] for c in cs],
             "engine_s": _prefixed(spec, "engine_s_"),
+            # per slice, where the time of each went (a fresh server's first slice also pays
+            # for what the server has not learned or seen yet)
+            "slice_engine": [_prefixed(_delta(c["spec_after"], c["spec_before"]), "engine_")
+                             for c in cs],
             "engine_steps": _prefixed(spec, "engine_steps_"),
             "engine_decode": decode_by_batch(cs[-1]["spec_after"], cs[0]["spec_before"]),
             "lc_median_gap_ms": median_gap_ms(lc_reqs),

@@ -66,6 +66,14 @@ CONFIGS = (
     Config("adaptspec", {"method": "custom_class", "model": OURS_NGRAM,
                          "num_speculative_tokens": 8}, adaptive=True, family="ours"),
 )
+# Not run unless named: adaptspec's machinery at vLLM's static K=2 (every class that may draft
+# drafts exactly 2, no exploration), so that a static K's time has an engine account beside
+# adaptspec's (vLLM's own scheduler keeps none). bench/engine_ab.py measured the machinery at
+# vLLM's K=2 speed (docs/benchmarks.md).
+FIXED_K2 = Config("adaptspec_k2", CONFIGS[-1].spec, adaptive=True, family="ours", policy={
+    "k_max": 2, "exploration": 0.0,
+    "classes": {name: {"k_min": 2, "k_max": 2}
+                for name in ("code", "summarization", "chat", "creative")}})
 STATIC = ("vllm_ngram_k2", "vllm_ngram_k4", "vllm_ngram_k8")
 ADAPTIVE = ("adaptspec_vllm_ngram", "adaptspec")
 # Each adaptive configuration runs in one group with a static one, so the two are compared on
@@ -93,9 +101,9 @@ def make_streams(n: int, max_tokens: int, lc_tokens: int, slice_requests: int
 
 
 def chosen(names: list[str] | None) -> list[Config]:
-    """The configurations named (default: all), plain always."""
+    """The configurations named (default: all but FIXED_K2), plain always."""
     keep = set(names or [c.name for c in CONFIGS]) | {PLAIN}
-    return [c for c in CONFIGS if c.name in keep]
+    return [c for c in (*CONFIGS, FIXED_K2) if c.name in keep]
 
 
 def group_runs(configs: list[Config], repeats: int) -> Iterator[tuple[int, int, list[Config]]]:
