@@ -105,6 +105,16 @@ def test_counters_moved_between_two_readings_flat_and_per_class() -> None:
                                            "math": {"drafted": 1.0}}
 
 
+def test_a_slice_account_is_what_the_slice_moved() -> None:
+    cell = {"spec_before": {"engine_s_prefill": 1.0, "engine_steps_prefill": 2.0,
+                            "vllm:spec_decode_num_draft_tokens_total": 10.0},
+            "spec_after": {"engine_s_prefill": 4.5, "engine_steps_prefill": 5.0,
+                           "vllm:spec_decode_num_draft_tokens_total": 30.0,
+                           "vllm:spec_decode_num_accepted_tokens_total": 12.0}}
+    assert nopay._slice_account(cell) == {"s_prefill": 3.5, "steps_prefill": 3.0,
+                                          "drafts": 20.0, "accepted": 12.0}
+
+
 def test_the_engine_net_is_its_servers_saved_less_lost_over_wall_time() -> None:
     def run(net_ms: float) -> dict:
         return {**_run(10.0, 200.0), "wall_s": 100.0, "engine_net_saved_ms": net_ms}

@@ -109,3 +109,27 @@ def test_decode_rate_is_per_request_decoding_over_its_group_plain() -> None:
     assert unseen.decode_over_plain(rep, "adaptspec") == pytest.approx(3.0)  # 6 / 2
     del fast["reference"]  # a run that kept no reference rate: the repeat's plain server
     assert unseen.decode_over_plain(rep, "adaptspec") == pytest.approx(2.0)
+
+
+def test_own_plain_decode_is_within_one_server() -> None:
+    """Decode steps' tokens per second over the same server's plain steps at the concurrency:
+    plain at 4 requests is 1; speculation that makes 20 tokens more in 2 s more is not."""
+    def dec(plain: dict[str, tuple[float, float]], spec: dict[str, tuple[float, float]]) -> dict:
+        return {"decode_plain": {b: {"steps": n, "ms_per_step": ms, "drafts_per_step": 0.0}
+                                 for b, (n, ms) in plain.items()},
+                "decode_spec": {b: {"steps": n, "ms_per_step": ms, "drafts_per_step": 2.0}
+                                for b, (n, ms) in spec.items()}}
+
+    plain = {"engine_decode": dec({"4": (100.0, 400.0)}, {}), "vllm_accepted_tokens": 0.0}
+    assert unseen.own_plain_decode(plain, 4) == pytest.approx(1.0)
+    # 50 plain steps at 4 (200 tokens, 20 s) and 40 speculating steps at 4 that accepted 60
+    # (220 tokens, 20 s): 420 tokens in 40 s against 4 tokens per 0.4 s
+    spec = {"engine_decode": dec({"4": (50.0, 400.0)}, {"4": (40.0, 500.0)}),
+            "vllm_accepted_tokens": 60.0}
+    assert unseen.own_plain_decode(spec, 4) == pytest.approx(420 / 40 * 0.4 / 4)
+    # batches left as requests finish unevenly count at their own (worse) rate
+    tail = {"engine_decode": dec({"4": (10.0, 400.0), "2": (10.0, 400.0)}, {}),
+            "vllm_accepted_tokens": 0.0}
+    assert unseen.own_plain_decode(tail, 4) == pytest.approx(60 / 8 * 0.4 / 4)
+    assert unseen.own_plain_decode({"engine_decode": dec({"2": (1.0, 1.0)}, {})}, 4) is None
+    assert unseen.own_plain_decode({}, 4) is None

@@ -147,6 +147,15 @@ def _prefixed(counters: dict[str, Any], prefix: str) -> dict[str, Any]:
     return {k.removeprefix(prefix): v for k, v in counters.items() if k.startswith(prefix)}
 
 
+def _slice_account(cell: dict[str, Any]) -> dict[str, float]:
+    """What one slice moved of the engine's account (s_* and steps_* by category) and of
+    vLLM's draft and accepted token counts."""
+    d = _delta(cell["spec_after"], cell["spec_before"])
+    return {**_prefixed(d, "engine_"),
+            "drafts": d.get("vllm:spec_decode_num_draft_tokens_total", 0.0),
+            "accepted": d.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)}
+
+
 def run_repeat(configs: list[Config], model: str, rendered: dict[str, str],
                main: list[workload.Request], lc: list[workload.Request | None],
                warmup: list[workload.Request], policy: Path, log_dir: Path, repeat: int,
@@ -196,8 +205,7 @@ def run_repeat(configs: list[Config], model: str, rendered: dict[str, str],
             "engine_s": _prefixed(spec, "engine_s_"),
             # per slice, where the time of each went (a fresh server's first slice also pays
             # for what the server has not learned or seen yet)
-            "slice_engine": [_prefixed(_delta(c["spec_after"], c["spec_before"]), "engine_")
-                             for c in cs],
+            "slice_engine": [_slice_account(c) for c in cs],
             "engine_steps": _prefixed(spec, "engine_steps_"),
             "engine_decode": decode_by_batch(cs[-1]["spec_after"], cs[0]["spec_before"]),
             "lc_median_gap_ms": median_gap_ms(lc_reqs),

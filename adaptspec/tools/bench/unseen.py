@@ -22,8 +22,10 @@ Reported per configuration, the median over repeats and the spread between them:
 the slices without latency-critical traffic on plain over their time on the configuration
 (throughput over plain: the same requests and tokens), the same for the slices with it, the
 latency-critical requests' median inter-token gap over plain's, drafts and accepted tokens,
-and where the server kept one, the engine's time account (serving time: every category but
-idle) over the slices' wall time.
+and where the server kept one, from the engine's time account: its decode steps' tokens per
+second over its own plain steps' (free of how servers' speeds differ), and its serving time
+(every category but idle) over the slices' wall time. Each slice's account is kept too
+(`slice_engine`).
 """
 
 from __future__ import annotations
@@ -201,6 +203,26 @@ def decode_over_plain(rep: dict[str, dict[str, Any]], name: str) -> float | None
     return mine / ref if mine and ref else None
 
 
+def own_plain_decode(r: dict[str, Any], batch: int) -> float | None:
+    """Tokens per second of a server's decode steps (by its engine account, every batch size,
+    plain and speculating) over its own plain steps' at `batch` requests: what speculation
+    and the batches left as requests finish unevenly make of decoding, measured within one
+    server, so free of the few percent by which servers' speeds differ (docs/benchmarks.md).
+    Accepted tokens are the server's whole count; the few a step carrying a prefill chunk
+    accepted count here too. None without an account or plain steps at `batch`."""
+    dec = r.get("engine_decode") or {}
+    ref = dec.get("decode_plain", {}).get(str(batch))
+    if not ref:
+        return None
+    tokens = ms = 0.0
+    for rows in dec.values():
+        for b, v in rows.items():
+            tokens += int(b) * v["steps"]
+            ms += v["steps"] * v["ms_per_step"]
+    tokens += r.get("vllm_accepted_tokens", 0.0)
+    return tokens / ms * ref["ms_per_step"] / batch if ms > 0 else None
+
+
 def account_share(r: dict[str, Any]) -> float | None:
     """The engine's serving time (its account less idle) over the slices' wall time."""
     acct = r.get("engine_s") or {}
@@ -209,10 +231,11 @@ def account_share(r: dict[str, Any]) -> float | None:
     return (sum(acct.values()) - acct.get("idle", 0.0)) / r["wall_s"]
 
 
-def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, Any]) -> str:
+def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, Any],
+                 batch: int = 4) -> str:
     lines = [f"{'config':<22}{'no LC x plain':>15}{'spread':>8}{'with LC x plain':>17}"
-             f"{'spread':>8}{'LC gap x plain':>16}{'decode x plain':>16}{'drafts/acc':>12}"
-             f"{'account/wall':>14}"]
+             f"{'spread':>8}{'LC gap x plain':>16}{'decode x plain':>16}"
+             f"{'decode x own':>14}{'drafts/acc':>12}{'account/wall':>14}"]
     def cell(v: dict[str, Any], key: str, field: str, width: int) -> str:
         return f"{v[key][field]:>{width}.3f}" if key in v else f"{'-':>{width}}"
 
@@ -225,10 +248,12 @@ def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, An
         rates = [x for rep in repeats if name != PLAIN
                  and (x := decode_over_plain(rep, name)) is not None]
         rate = f"{statistics.median(rates):>16.3f}" if rates else f"{'-':>16}"
+        owns = [x for rep in repeats if (x := own_plain_decode(rep[name], batch)) is not None]
+        own = f"{statistics.median(owns):>14.3f}" if owns else f"{'-':>14}"
         lines.append(f"{name:<22}{cell(v, 'no_lc', 'median', 15)}"
                      f"{cell(v, 'no_lc', 'spread', 8)}{cell(v, 'with_lc', 'median', 17)}"
                      f"{cell(v, 'with_lc', 'spread', 8)}{cell(v, 'lc_gap', 'median', 16)}"
-                     f"{rate}{f'{drafts:.0f}/{acc:.0f}':>12}{share}")
+                     f"{rate}{own}{f'{drafts:.0f}/{acc:.0f}':>12}{share}")
     for name, g in verdict.get("goals", {}).items():
         best, pair = g["no_lc_over_best_static"], g.get("paired")
         paired = (f" (paired with {pair['over']}: {pair['median']:.3f}x, "
@@ -238,6 +263,8 @@ def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, An
                      f"(goal >= 1.00), LC gap {g['lc_gap_over_plain']:.3f}x plain (goal <= 1.05)")
     lines.append("decode x plain: tokens per second of decoding as each request sees it (first "
                  "chunk to last), over plain's; median over repeats")
+    lines.append(f"decode x own: tokens per second of the server's decode steps over its own "
+                 f"plain steps' at {batch} requests (engine account; median over repeats)")
     lines.append("account/wall: the engine's serving time by its own account over the client's "
                  "wall time (goal: within 2%)")
     return "\n".join(lines)
@@ -274,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
               "total_s": time.monotonic() - t_all, "verdict": verdict,
               "lc_gap_ms_plain": [median_gap_ms(rep[PLAIN]["lc_requests"]) for rep in repeats],
               "mismatches": mismatches, "errors": errors, "repeats": repeats}
-    table = format_table(repeats, verdict)
+    table = format_table(repeats, verdict, args.concurrency)
     if dec := decode_table({f"{name} (repeat 1)": r["engine_decode"]
                             for name, r in repeats[0].items() if r.get("engine_decode")}):
         table += "\n\n" + dec
