@@ -23,37 +23,31 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODEL = "~/.cache/adaptspec/models/qwen/draft"
+sys.path.insert(0, str(Path(__file__).parent))
+import engine_ab  # noqa: E402  (the engines the A/B builds: same model, sizes and proposer)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("policy", nargs="?", default="default", choices=("default", "k2"))
     ap.add_argument("--slices", type=int, default=4)
-    ap.add_argument("--model", default=MODEL)
+    ap.add_argument("--model", default=engine_ab.DEFAULT_MODEL)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     policy = "default"
     if args.policy == "k2":
-        from adaptspec.tools.bench.nopay import DEFAULT_POLICY
-        from adaptspec.tools.bench.servers import policy_for
-        from adaptspec.tools.bench.unseen import FIXED_K2
+        from adaptspec.tools.bench.unseen import fixed_k2_policy
 
-        policy = str(policy_for(FIXED_K2, Path(DEFAULT_POLICY), Path(tempfile.mkdtemp())))
+        policy = str(fixed_k2_policy(Path(tempfile.mkdtemp())))
     os.environ["ADAPTSPEC_POLICY"] = policy
     import numpy as np
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    from adaptspec.serve import PROPOSERS, SCHEDULER_CLS
     from adaptspec.tools.bench.prompts import load_unseen_chat
 
-    llm = LLM(model=os.path.expanduser(args.model), dtype="float32", max_model_len=2048,
-              max_num_seqs=4, enforce_eager=True, seed=0, distributed_executor_backend="uni",
-              scheduler_cls=SCHEDULER_CLS,
-              speculative_config={"method": "custom_class", "model": PROPOSERS["ngram"],
-                                  "num_speculative_tokens": 8})
+    llm = engine_ab.build("adaptspec", args.model)
     chats = [[{"role": "user", "content": d["prompt"]}] for d in load_unseen_chat()["short"]]
     sched = llm.llm_engine.engine_core.engine_core.scheduler
     count: collections.Counter[str] = collections.Counter()

@@ -154,11 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         for m in args.modes:
             policy = m.split("=", 1)[1] if "=" in m else "default"
             if policy == "k2":  # the machinery at vLLM's static K=2 (`bench unseen`'s)
-                from adaptspec.tools.bench.nopay import DEFAULT_POLICY
-                from adaptspec.tools.bench.servers import policy_for
-                from adaptspec.tools.bench.unseen import FIXED_K2
+                from adaptspec.tools.bench.unseen import fixed_k2_policy
 
-                policy = str(policy_for(FIXED_K2, Path(DEFAULT_POLICY), Path(tmp)))
+                policy = str(fixed_k2_policy(Path(tmp)))
             procs[m] = subprocess.Popen(
                 [sys.executable, __file__, *args.modes, "--model", args.model, "--rounds",
                  str(args.rounds), "--prompts", str(args.prompts), "--side", m, str(turn)],

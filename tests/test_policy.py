@@ -188,12 +188,9 @@ def test_the_benchmarks_fixed_k2_policy_plans_k2_for_every_class_that_drafts(
 
     from adaptspec.classify import RequestInfo
     from adaptspec.runtime import AdaptiveRuntime
-    from adaptspec.tools.bench.nopay import DEFAULT_POLICY
-    from adaptspec.tools.bench.servers import policy_for
-    from adaptspec.tools.bench.unseen import FIXED_K2
+    from adaptspec.tools.bench.unseen import fixed_k2_policy
 
-    policy = load_policy(policy_for(FIXED_K2, Path(DEFAULT_POLICY), tmp_path))
-    rt = AdaptiveRuntime(policy, k_cap=8)
+    rt = AdaptiveRuntime(load_policy(fixed_k2_policy(tmp_path)), k_cap=8)
     classes = ["code", "chat", "creative", "summarization", "interactive"]
     ids = [f"r{i}" for i in range(len(classes))]
     for r, c in zip(ids, classes, strict=True):

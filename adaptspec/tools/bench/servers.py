@@ -46,7 +46,7 @@ class Config:
     sync: bool = False  # --no-async-scheduling (vLLM's default is async where it allows it)
     env: dict[str, str] = field(default_factory=dict)  # the server's extra environment
     # Policy keys set on top of the run's policy (see policy_for); "classes": {"*": {...}}
-    # sets those fields in every class.
+    # sets those fields in every class that is not latency-critical.
     policy: dict[str, Any] = field(default_factory=dict)
     # A plain server (spec None) run by adaptspec's scheduler, which then only keeps the
     # engine's time account (adaptspec/account.py): plain vLLM's account beside adaptspec's.
@@ -170,8 +170,11 @@ def policy_for(cfg: Config, policy: Path, folder: Path) -> Path:
     data = yaml.safe_load(policy.read_text())
     for key, value in cfg.policy.items():
         if key == "classes" and "*" in value:
+            # every class that may draft: a latency-critical one never does, so draft fields
+            # would make it invalid (k_min > 0) or change nothing
             every = value["*"]
-            data["classes"] = {name: {**(c or {}), **every}
+            data["classes"] = {name: c if (c or {}).get("latency_critical") else
+                               {**(c or {}), **every}
                                for name, c in data.get("classes", {}).items()}
         elif isinstance(value, dict):
             data[key] = {**data.get(key, {}), **value}

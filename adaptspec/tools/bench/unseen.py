@@ -51,7 +51,7 @@ from adaptspec.tools.bench.nopay import (
 )
 from adaptspec.tools.bench.prompts import load_unseen_chat
 from adaptspec.tools.bench.report import decode_table
-from adaptspec.tools.bench.servers import OURS_NGRAM, Config
+from adaptspec.tools.bench.servers import OURS_NGRAM, Config, policy_for
 
 PLAIN = "none_sync"
 
@@ -73,9 +73,7 @@ CONFIGS = (
 # adaptspec's (vLLM's own scheduler keeps none). bench/engine_ab.py measured the machinery at
 # vLLM's K=2 speed (docs/benchmarks.md).
 FIXED_K2 = Config("adaptspec_k2", CONFIGS[-1].spec, adaptive=True, family="ours", policy={
-    "k_max": 2, "exploration": 0.0,
-    "classes": {name: {"k_min": 2, "k_max": 2}
-                for name in ("code", "summarization", "chat", "creative")}})
+    "k_max": 2, "exploration": 0.0, "classes": {"*": {"k_min": 2, "k_max": 2}}})
 STATIC = ("vllm_ngram_k2", "vllm_ngram_k4", "vllm_ngram_k8")
 ADAPTIVE = ("adaptspec_vllm_ngram", "adaptspec")
 # Each adaptive configuration runs in one group with a static one, so the two are compared on
@@ -100,6 +98,12 @@ def make_streams(n: int, max_tokens: int, lc_tokens: int, slice_requests: int
                          prompt=quick[j % len(quick)], max_tokens=lc_tokens, temperature=0.0,
                          seed=1000 + j) if j % 2 else None for j in range(n_slices)]
     return main, lc
+
+
+def fixed_k2_policy(folder: Path) -> Path:
+    """FIXED_K2's policy file (the shipped default with its keys), written into `folder`: for
+    scripts that run the same machinery in-process (bench/engine_ab.py, bench/cold_start.py)."""
+    return policy_for(FIXED_K2, Path(DEFAULT_POLICY), folder)
 
 
 def chosen(names: list[str] | None) -> list[Config]:
