@@ -12,9 +12,11 @@ per-token acceptance of drafts with that confidence; its log-odds over what was 
 same positions is how far such a draft sits from the per-position estimates. Matching the
 positions matters: the cut makes doubtful drafts short, so a low bin's trials are mostly first
 positions, the weakest, and against the row's pooled rate it would read as worse than it is and
-be cut shorter still. A bin with too little evidence says nothing, and the controller falls
-back to its class estimate blended with the raw confidence, never cutting such a draft below
-its first token (only verified tokens calibrate).
+be cut shorter still. A bin with too little evidence gives no level: the raw number may only
+rank a draft against the other drafts of its row (`relative`: its log-odds over the row's mean
+confidence), and such a draft is never cut below its first token (only verified tokens
+calibrate). Read as a level, an n-gram's prior n/(n+3) says 0.4 for a 2-token match that chat
+accepts at 0.7, and a fresh server would cut drafts that pay until its bins fill.
 
 Bins rather than a fitted curve: the counts decay every step like the rest of the controller's
 evidence, update in place on the hot path, and need no refit. `OutcomeCalibration` then checks
@@ -54,9 +56,10 @@ class ConfidenceCalibration(_Decaying):
     Attributes: bins (equal-width bins of [0, 1]), forgetting (per `tick`, i.e. per engine
     step), min_evidence (decayed tokens a bin needs before `predict` trusts it), succ and fail
     ([n_rows, bins]), expected (successes the per-position estimates expected of the same
-    trials, [n_rows, bins]), pending (ticks not yet applied to them: see `_Decaying`)."""
+    trials, [n_rows, bins]), seen_sum and seen_n (decayed sum and count of the confidences
+    `observe`d per row, [n_rows]), pending (ticks not yet applied to them: see `_Decaying`)."""
 
-    _arrays = ("succ", "fail", "expected")
+    _arrays = ("succ", "fail", "expected", "seen_sum", "seen_n")
 
     def __init__(self, n_rows: int, bins: int = 10, forgetting: float = 0.98,
                  min_evidence: float = 8.0) -> None:
@@ -66,6 +69,8 @@ class ConfidenceCalibration(_Decaying):
         self.succ = np.zeros((n_rows, bins))
         self.fail = np.zeros((n_rows, bins))
         self.expected = np.zeros((n_rows, bins))
+        self.seen_sum = np.zeros(n_rows)
+        self.seen_n = np.zeros(n_rows)
         self.pending = 0
 
     def _bin(self, confidence: np.ndarray) -> np.ndarray:
@@ -106,6 +111,25 @@ class ConfidenceCalibration(_Decaying):
         n = self.succ[rows, b] + self.fail[rows, b]
         return _logit(rate) - _logit((self.expected[rows, b] + 1.0) / (n + 2.0))
 
+    def observe(self, rows: np.ndarray, confidence: np.ndarray) -> None:
+        """Confidences of drafts as proposed (before any cut), for `relative`."""
+        self._decay()
+        rows = np.asarray(rows, dtype=np.int64)
+        np.add.at(self.seen_sum, rows, unit_interval(confidence))
+        np.add.at(self.seen_n, rows, 1.0)
+
+    def relative(self, rows: np.ndarray, confidence: np.ndarray) -> np.ndarray:
+        """Log-odds of each confidence over the mean confidence `observe`d in its row (0 where
+        the row has seen none): where a draft ranks among its row's, with no claim on the
+        level of acceptance."""
+        self._decay()
+        rows = np.asarray(rows, dtype=np.int64)
+        n = self.seen_n[rows]
+        mean = np.divide(self.seen_sum[rows], n, out=np.zeros_like(n), where=n > 0)
+        lo, hi = 1e-2, 1.0 - 1e-2  # (a confidence of 0 or 1 would be infinitely far)
+        c = np.clip(unit_interval(confidence), lo, hi)
+        return np.where(n > 0, _logit(c) - _logit(np.clip(mean, lo, hi)), 0.0)
+
     def predict(self, rows: np.ndarray, confidence: np.ndarray) -> np.ndarray:
         """Calibrated per-token acceptance of drafts with this confidence from these rows; NaN
         where the bin has less than min_evidence."""
@@ -132,16 +156,12 @@ def _logit(p: np.ndarray) -> np.ndarray:
     return np.log(p) - np.log1p(-p)
 
 
-def confidence_values(alpha: np.ndarray, c: np.ndarray, shift: np.ndarray, w: float
-                      ) -> np.ndarray:
+def confidence_values(alpha: np.ndarray, shift: np.ndarray) -> np.ndarray:
     """The plan's per-position acceptance `alpha` [k_max, m] (`per_position` of its running
-    products) with each draft's confidence `c` weighed in (Controller.cut), as running
-    products: per position the expected accepted tokens of keeping it. `shift` is each draft's
-    calibrated log-odds shift; where it is not finite (no calibration yet) c is blended in with
-    weight w."""
+    products) moved by each draft's log-odds `shift` [m] (Controller.cut), as running products:
+    per position the expected accepted tokens of keeping it."""
     a = np.clip(alpha, 1e-9, 1.0 - 1e-9)
-    calibrated = np.where(alpha > 0, 1.0 / (1.0 + (1.0 - a) / a * np.exp(-shift)), 0.0)
-    moved = np.where(np.isfinite(shift)[None, :], calibrated, (1.0 - w) * alpha + w * c)
+    moved = np.where(alpha > 0, 1.0 / (1.0 + (1.0 - a) / a * np.exp(-shift)), 0.0)
     return np.multiply.accumulate(moved, axis=0)
 
 

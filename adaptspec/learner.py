@@ -435,10 +435,10 @@ class Learner:
         confidence c. Where its (class, proposer) row has calibrated confidences like c
         (adaptspec/confidence.py: the acceptance measured for drafts of that confidence), each
         position's acceptance is moved by that bin's log-odds over what was expected of the
-        same positions; until then c is blended in as (1 - w) alpha + w c, with w =
-        policy.confidence_weight (0 turns confidences off), and the draft keeps at least its
-        first token, to calibrate. The
-        drafts then keep the tokens of the step that makes the most tokens per predicted
+        same positions; until then c only ranks the draft among its row's, moving it by w
+        times its log-odds over the row's mean confidence (w = policy.confidence_weight; 0
+        turns confidences off), and the draft keeps at least its first token, to calibrate.
+        The drafts then keep the tokens of the step that makes the most tokens per predicted
         second (StepCostModel.trim, which sees the step's shape; each position's values
         corrected by what the tokens kept there turned into, `OutcomeCalibration`): a
         confident draft keeps what was planned, a doubtful one is cut short. Requests the
@@ -466,7 +466,11 @@ class Learner:
         if not known.any():
             return out
         val, conf = inc[:, cols[known]], self.req_conf[slots[known]]
-        shift = self.confidence.shift(last_rows[cols[known]], conf)
+        rows = last_rows[cols[known]]
+        self.confidence.observe(rows, conf)
+        shift = self.confidence.shift(rows, conf)
+        calibrated = np.isfinite(shift)
+        shift = np.where(calibrated, shift, w * self.confidence.relative(rows, conf))
         alpha = per_position(val)
         self.req_alpha[slots[known]] = alpha.T
         # The drafts as proposed, each position's value with its draft's confidence weighed
@@ -475,10 +479,10 @@ class Learner:
         # token counts (on a CPU the first draft tokens of a batch can be free, the next dear).
         # The first token of an uncalibrated draft stays, so that it is verified and
         # calibrates.
-        forced = np.where(np.isfinite(shift) | (val[0] <= 0), k_min[cols[known]],
+        forced = np.where(calibrated | (val[0] <= 0), k_min[cols[known]],
                           np.maximum(k_min[cols[known]], np.minimum(lengths[known], 1)))
         lc = bool((self._row_kind[last_rows] > 1).any())
-        values = confidence_values(alpha, conf, shift, w)
+        values = confidence_values(alpha, shift)
         self.req_value[slots[known]] = values.T
         keep = self.cost.trim(self.outcome.correct(values, last_rows[cols[known]]),
                               lengths[known], last_slots.size, forced,

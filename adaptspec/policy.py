@@ -246,10 +246,12 @@ class Policy(_Strict):
     )
     confidence_weight: float = Field(
         0.5, ge=0.0, le=1.0,
-        description="weight of a proposer's confidence in a draft against the controller's "
-        "acceptance estimate when it decides whether to cut that draft shorter, until drafts "
-        "of that confidence have been measured for the class (then the measured rate is "
-        "used); 0 = ignore confidences",
+        description="until drafts of a confidence have been measured for the class (then the "
+        "measured rate is used), how far a proposer's confidence in a draft moves the "
+        "controller's acceptance estimate when it decides whether to cut that draft shorter: "
+        "this weight times the draft's log-odds over the mean confidence of its class's "
+        "drafts, so an uncalibrated confidence ranks drafts but sets no level; "
+        "0 = ignore confidences",
     )
     fallback_k: int = Field(0, ge=0, le=64, description="K used when the controller fails")
     latency_critical_engines: list[int] = Field(

@@ -4,7 +4,8 @@ One in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) runs the short unseen c
 slices of 8 (64 tokens, 4 at a time, greedy) after `bench unseen`'s warm-up (two of them, 8
 tokens), and counts per slice: engine steps, draft tokens proposed, kept after the plan's K,
 kept after the confidence cut, verified and accepted, and how many of the cut's decisions used
-a calibrated confidence bin and how many blended in an uncalibrated one (Controller.cut).
+a calibrated confidence bin and how many only ranked drafts by an uncalibrated one
+(Controller.cut).
 
     python bench/cold_start.py [default|k2] [--slices 4] [--json OUT]
 

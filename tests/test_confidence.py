@@ -131,9 +131,9 @@ def _controller(weight: float = 0.5) -> Controller:
         confidence_weight=weight, cost_model=cost))
 
 
-def test_calibrated_confidence_replaces_the_raw_blend_in_the_cut() -> None:
+def test_calibrated_confidence_replaces_the_raw_rank_in_the_cut() -> None:
     """Drafts that say 0.9 are accepted at 0.2, drafts that say 0.3 at 0.95 (a proposer whose
-    signal runs backwards on this class). Blended raw, the confident drafts are kept longer;
+    signal runs backwards on this class). Ranked raw, the confident drafts are kept longer;
     once calibrated, they are the ones cut short, and the doubtful ones keep their length."""
     rng = np.random.default_rng(1)
     ctl = _controller()
@@ -163,22 +163,32 @@ def test_calibrated_confidence_replaces_the_raw_blend_in_the_cut() -> None:
 
 
 def test_an_uncalibrated_confidence_cannot_keep_drafts_off() -> None:
-    """A proposer whose raw confidence undersells it (0.2 said, every token accepted): blended
-    raw, its drafts would be cut to nothing, never verified and never calibrated. The first
-    token of each is kept and verified, the bin calibrates, and the drafts get their planned
-    length back."""
+    """A proposer whose raw confidence undersells some drafts (0.05 said beside others' 0.95,
+    every token accepted): ranked against their row's, they would be cut to nothing, never
+    verified and never calibrated. The first token of each is kept and verified, the bin
+    calibrates, and the drafts get their planned length back."""
     ctl = _controller(weight=1.0)
     slots = np.array([ctl.add_request(f"r{i}", "chat") for i in range(4)])
-    conf = np.full(4, 0.2)
+    conf = np.array([0.05, 0.05, 0.95, 0.95])
     drafted = np.zeros(4, dtype=np.int64)
     cuts = []
     for _ in range(30):
         ks = ctl.step(slots, drafted, drafted, None)  # every verified token accepted
         drafted = ctl.cut(slots, ks, conf)
         cuts.append(drafted.copy())
-    assert cuts[0].tolist() == [1] * 4  # uncalibrated: the first token only
+    assert cuts[0][:2].tolist() == [1] * 2  # uncalibrated: the first token only
     assert (cuts[-1] == ks).all() and ks.min() > 1  # calibrated: as planned
-    assert ctl.confidence.predict(np.zeros(1, dtype=np.int64), np.array([0.2]))[0] > 0.85
+    assert ctl.confidence.predict(np.zeros(1, dtype=np.int64), np.array([0.05]))[0] > 0.85
+
+
+def test_relative_is_log_odds_over_the_rows_mean_confidence() -> None:
+    cal = ConfidenceCalibration(2, bins=10, forgetting=1.0)
+    rows = np.zeros(3, dtype=np.int64)
+    assert cal.relative(rows, np.array([0.1, 0.5, 0.9])).tolist() == [0.0] * 3  # none seen
+    cal.observe(rows, np.array([0.2, 0.4, 0.6]))
+    got = cal.relative(np.array([0, 0, 1]), np.array([0.4, 0.8, 0.8]))
+    logit = np.log(0.8 / 0.2) - np.log(0.4 / 0.6)
+    assert np.allclose(got, [0.0, logit, 0.0])  # row 1 has seen nothing
 
 
 def test_a_zero_weight_turns_confidences_off() -> None:
