@@ -258,10 +258,12 @@ def test_runtime_cut_shortens_doubtful_drafts_counts_them_and_survives_faults() 
     assert min(planned) > 0
     sure = rt.cut(ids, planned, [1.0] * 6)
     assert sure == planned
-    # (no calibration yet: each keeps its first token, which is verified and calibrates)
+    # far below the mean confidence of the row's drafts so far (0.5), and no calibration yet:
+    # each keeps its first token, which is verified and calibrates
     assert rt.cut(ids, planned, [0.0] * 6) == [1] * 6
     assert value(reg, "adaptspec_confidence_cut_tokens_total",
                  {"class": "code"}) == sum(planned) - 6
+    assert value(reg, "adaptspec_confidence_drafts_total", {"class": "code"}) == 12
     # unknown requests keep their drafts; a failing controller keeps them all
     assert rt.cut(["nobody"], [3], [0.0]) == [3]
 
