@@ -88,7 +88,7 @@ class Metrics:
             "Draft tokens dropped because the proposer's confidence in them was low", ["class"])
         self.confidence_drafts = family(
             Counter, "adaptspec_confidence_drafts",
-            "Drafts the cut weighed by their proposer's confidence", ["class"])
+            "Drafts that reached the cut with their proposer's confidence", ["class"])
         self.errors = family(
             Counter, "adaptspec_controller_errors", "Controller faults absorbed (fallback K used)")
         self.step_time = family(
@@ -170,9 +170,10 @@ class Metrics:
             self.draft_cost.labels("per_token").set(cost_ms[0])
             self.draft_cost.labels("per_catchup_token").set(cost_ms[1])
 
-    def record_confidence_cut(self, weighed: dict[str, int], removed: dict[str, int]) -> None:
-        """Drafts weighed and draft tokens dropped, per class name, by Controller.cut."""
-        for name, n in weighed.items():
+    def record_confidence_cut(self, arrived: dict[str, int], removed: dict[str, int]) -> None:
+        """Drafts that reached Controller.cut with a confidence, and the draft tokens it
+        dropped, per class name."""
+        for name, n in arrived.items():
             self.confidence_drafts.labels(self.label(name)).inc(n)
         for name, n in removed.items():
             self.confidence_cut.labels(self.label(name)).inc(n)

@@ -142,16 +142,16 @@ class AdaptiveRuntime:
             log.exception("adaptspec: confidence cut failed; drafts kept as planned")
             return [int(x) for x in lengths]
         if self.metrics is not None:
-            weighed: dict[str, int] = {}
+            arrived: dict[str, int] = {}
             removed: dict[str, int] = {}
             for i in known:
                 c = self.classes.get(req_ids[i], self.policy.default_class)
-                weighed[c] = weighed.get(c, 0) + 1
+                arrived[c] = arrived.get(c, 0) + 1
                 if out[i] < lengths[i]:
                     removed[c] = removed.get(c, 0) + int(lengths[i]) - out[i]
-            if weighed:
+            if arrived:
                 try:
-                    self.metrics.record_confidence_cut(weighed, removed)
+                    self.metrics.record_confidence_cut(arrived, removed)
                 except Exception:
                     self._count_error()
                     log.exception("adaptspec: metrics failed")

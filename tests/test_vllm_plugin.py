@@ -286,11 +286,11 @@ def test_learned_k_follows_acceptance(runs: dict) -> None:
     code, noisy = rows["code"], rows["noisy"]
     assert code["acceptance"] > noisy["acceptance"] + 0.1, (code, noisy)
     assert code["mean_k"] > noisy["mean_k"], (code, noisy)
-    # The n-gram proposer's confidence reaches the controller from the worker process and the
-    # cut weighs the drafts by it (what the cut does with it: tests/test_controller_cut.py;
-    # whether confidence tracks acceptance: on the proposers themselves, test_proposers.py).
-    weighed = run["adaptspec"].get("adaptspec_confidence_drafts_total", {})
-    assert sum(v for k, v in weighed.items() if dict(k)["class"] == "code") > 0, weighed
+    # The n-gram proposer's confidence reaches the controller's cut from the worker process
+    # (what the cut does with it: tests/test_controller_cut.py; whether confidence tracks
+    # acceptance: on the proposers themselves, test_proposers.py).
+    arrived = run["adaptspec"].get("adaptspec_confidence_drafts_total", {})
+    assert sum(v for k, v in arrived.items() if dict(k)["class"] == "code") > 0, arrived
 
 
 def test_controller_faults_fall_back_and_are_counted(runs: dict) -> None:
