@@ -302,24 +302,24 @@ class Learner:
         if verified is not drafted:
             spec_tokens, longest = int(verified.sum()), max(int(verified.max(initial=0)), 0)
         self.confidence.tick()
-        if self._conf_pending:  # drafts whose confidence `cut` kept were verified now
+        if self._conf_pending:  # drafts that went through `cut` were verified now
             self._conf_pending = False
+            rows = src * self.n_cls + cls
             conf = self.req_conf[slots]
             scored = np.isfinite(conf) & (verified > 0)
             if scored.any():
-                rows = (src * self.n_cls + cls)[scored]
                 alpha = self.req_alpha[slots[scored]]
                 unplanned = np.isnan(alpha[:, 0])
                 if unplanned.any():  # drafts the last decision did not cover: their row's
-                    alpha[unplanned] = self.estimator.mean()[rows[unplanned]]
-                self.confidence.partial_fit(rows, conf[scored], verified[scored],
+                    alpha[unplanned] = self.estimator.mean()[rows[scored][unplanned]]
+                self.confidence.partial_fit(rows[scored], conf[scored], verified[scored],
                                             accepted[scored], alpha)
-                planned = ~unplanned  # (`cut` set their alpha and their values together)
-                if planned.any():
-                    self.outcome.partial_fit(rows[planned],
-                                             self.req_value[slots[scored][planned]],
-                                             verified[scored][planned],
-                                             accepted[scored][planned])
+            # what the trim's values turned into, with or without a confidence (`cut` set
+            # the values of the drafts the last decision covered)
+            trimmed = np.isfinite(self.req_value[slots, 0]) & (verified > 0)
+            if trimmed.any():
+                self.outcome.partial_fit(rows[trimmed], self.req_value[slots[trimmed]],
+                                         verified[trimmed], accepted[trimmed])
             self.req_conf[slots] = self.req_alpha[slots] = self.req_value[slots] = np.nan
         if step_time_s is not None and step_time_s > 0:
             self.last_step_ms = step_time_s * 1e3
@@ -432,13 +432,15 @@ class Learner:
         The last decision drafted every token whose expected value (the running product of
         the request's per-position acceptance) reached a threshold. A proposer that knows more
         about this very draft (a long, often-confirmed match, or a weak one) gives a per-token
-        confidence c. Where its (class, proposer) row has calibrated confidences like c
+        confidence c (NaN: it gives none, as vLLM's own proposers). Where its (class, proposer)
+        row has calibrated confidences like c
         (adaptspec/confidence.py: the acceptance measured for drafts of that confidence), each
         position's acceptance is moved by that bin's log-odds over what was expected of the
         same positions; until then c only ranks the draft among its row's, moving it by w
         times its log-odds over the row's mean confidence (w = policy.confidence_weight; 0
         turns confidences off), and the draft keeps at least its first token, to calibrate.
-        The drafts then keep the tokens of the step that makes the most tokens per predicted
+        A draft without a confidence keeps its positions' values as planned. Every draft then
+        keeps the tokens of the step that makes the most tokens per predicted
         second (StepCostModel.trim, which sees the step's shape; each position's values
         corrected by what the tokens kept there turned into, `OutcomeCalibration`): a
         confident draft keeps what was planned, a doubtful one is cut short. Requests the
@@ -449,9 +451,14 @@ class Learner:
         lengths = np.asarray(lengths, dtype=np.int64)
         w = self.policy.confidence_weight
         state = self._last_cut
-        if w <= 0 or slots.size == 0:
+        if slots.size == 0:
             return lengths.copy()
-        self.req_conf[slots] = unit_interval(confidence)
+        confidence = np.asarray(confidence, dtype=np.float64)
+        if w <= 0:
+            confidence = np.full(slots.size, np.nan)
+        # (NaN stays NaN: a draft without a confidence calibrates none)
+        self.req_conf[slots] = np.where(np.isnan(confidence), np.nan,
+                                        unit_interval(confidence))
         self._conf_pending = True
         if state is None:
             return lengths.copy()
@@ -467,10 +474,15 @@ class Learner:
             return out
         val, conf = inc[:, cols[known]], self.req_conf[slots[known]]
         rows = last_rows[cols[known]]
-        self.confidence.observe(rows, conf)
-        shift = self.confidence.shift(rows, conf)
-        calibrated = np.isfinite(shift)
-        shift = np.where(calibrated, shift, w * self.confidence.relative(rows, conf))
+        given = np.isfinite(conf)
+        shift = np.zeros(rows.size)
+        calibrated = ~given  # (nothing to calibrate: nothing forced beyond k_min)
+        if given.any():
+            r, c = rows[given], conf[given]
+            self.confidence.observe(r, c)
+            s = self.confidence.shift(r, c)
+            calibrated[given] = np.isfinite(s)
+            shift[given] = np.where(calibrated[given], s, w * self.confidence.relative(r, c))
         alpha = per_position(val)
         self.req_alpha[slots[known]] = alpha.T
         # The drafts as proposed, each position's value with its draft's confidence weighed

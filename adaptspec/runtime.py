@@ -10,6 +10,7 @@ request the policy's fallback K, is logged and counted (the controller's one err
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -121,7 +122,8 @@ class AdaptiveRuntime:
 
     def cut(self, req_ids: Sequence[str], lengths: Sequence[int],
             confidence: Sequence[float]) -> list[int]:
-        """Draft lengths after weighing each draft's own confidence (see Controller.cut).
+        """Draft lengths after weighing each draft's own confidence (NaN: none given) and
+        trimming the step to the shape that pays (see Controller.cut).
 
         Only ever shortens; a fault keeps the drafts as they are (the K already granted)."""
         out = [int(x) for x in lengths]
@@ -145,6 +147,8 @@ class AdaptiveRuntime:
             arrived: dict[str, int] = {}
             removed: dict[str, int] = {}
             for i in known:
+                if not math.isfinite(confidence[i]):  # (trimmed, but by no confidence)
+                    continue
                 c = self.classes.get(req_ids[i], self.policy.default_class)
                 arrived[c] = arrived.get(c, 0) + 1
                 if out[i] < lengths[i]:

@@ -6,6 +6,7 @@ import numpy as np
 from controller_cases import policy, predict
 
 from adaptspec.controller import Controller
+from adaptspec.cost import OFFSET_PRIOR_STEPS
 from adaptspec.policy import ClassPolicy, CostModel, Policy
 
 PRICED_TOKENS = CostModel(base_ms=10, per_request_ms=0.5, per_draft_token_ms=0.8,
@@ -58,6 +59,27 @@ def test_confidence_weight_zero_or_unknown_requests_leave_drafts_alone() -> None
     other = np.array([ctl.add_request("late", "code")])  # joined after the decision
     assert ctl.cut(other, np.array([5]), np.zeros(1)).tolist() == [5]
     assert Controller(policy()).cut(slots, ks, np.zeros(8)).tolist() == ks.tolist()
+
+
+def test_drafts_without_a_confidence_are_trimmed_to_the_step_shape() -> None:
+    # vLLM's own proposers give no confidence (NaN): their drafts keep the plan's values, as
+    # drafts of one shared confidence do, and are trimmed to the step shape that pays.
+    none = np.full(8, np.nan)
+    ctl, slots, ks = _planned()
+    assert ctl.cut(slots, ks, none).tolist() == ks.tolist()  # prices linear: the plan stands
+    for w in (0.5, 0.0):  # (confidence_weight 0 turns confidences off, not the trim)
+        ctl, slots, ks = _planned(confidence_weight=w)
+        total = int(ks.sum())
+        # a step of 8 requests costs 1 s more from half the planned draft tokens on (a jump
+        # like a kernel's tile size): far more than the tokens past it can make
+        ctl.cost.shape_sum[8, total // 2:] = 1000.0 * OFFSET_PRIOR_STEPS
+        got = ctl.cut(slots, ks, none)
+        assert 0 < got.sum() < total // 2 and (got <= ks).all(), (got, ks)
+        assert ctl.cut(slots, ks, np.full(8, 0.5)).tolist() == got.tolist()
+    # nothing calibrates on drafts without a confidence
+    ctl, slots, ks = _planned()
+    ctl.cut(slots, ks, none)
+    assert ctl.confidence.seen_n.sum() == 0
 
 
 def test_confidence_cut_keeps_forced_positions() -> None:

@@ -17,15 +17,16 @@ order vLLM's EngineCore calls us (sync scheduling):
    engine's whole cycle since the last update, adaptspec's own work included) these go to
    the controller, whose ``plan`` is each request's K for the next step.
 4. ``update_draft_token_ids()``: the new drafts arrive and are cut to the plan's K (K = 0: plain
-   decoding), then, where the proposer says how sure it is, perhaps shorter (Controller.cut).
-   This works for every proposer method: ngram, draft_model, eagle, suffix, custom_class.
+   decoding), then trimmed to the step shape that pays, shorter still where the proposer says
+   it is unsure of a draft (Controller.cut). This works for every proposer method: ngram,
+   draft_model, eagle, suffix, custom_class (only ours give a confidence).
 
 Under async scheduling the drafts stay on the worker and each request holds placeholders
 (-1, vLLM's one shared list) for them: ``schedule()`` cuts each request's placeholders to its
 K before vLLM schedules the step, which sets how many of its drafts the step verifies (0: plain
 decoding), and the batch's draft depth is the plan's longest K as in sync mode. There is no
-``update_draft_token_ids`` (no confidence cut), and the feedback a decision rests on is a step
-older: the scheduler deciding step N has seen the outputs of step N - 2.
+``update_draft_token_ids`` (no trim and no confidence cut), and the feedback a decision rests
+on is a step older: the scheduler deciding step N has seen the outputs of step N - 2.
 
 Speculation on or off, each step also goes to the engine's time account (``account``,
 adaptspec/account.py): at the very start of ``schedule()`` and the very end of
@@ -38,6 +39,7 @@ distribution the target's, so the tokens a request gets do not depend on anythin
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -305,14 +307,15 @@ class _Adaptive:
             k = plan.k_of(req_id)
             if len(request.spec_token_ids) > k:
                 request.spec_token_ids = request.spec_token_ids[:k]
-            if k and req_id in confidence:
+            if k:
                 scored.append(request)
         if scored:
-            # The proposer's confidence in this very draft may cut it shorter than the K the
-            # controller planned from class and request history (never longer).
+            # The drafts as proposed are trimmed to the step shape that pays, and the
+            # proposer's confidence in this very draft (where it gives one) may cut it shorter
+            # than the K the controller planned from class and request history (never longer).
             cut = rt.cut([r.request_id for r in scored],
                          [len(r.spec_token_ids) for r in scored],
-                         [confidence[r.request_id] for r in scored])
+                         [confidence.get(r.request_id, math.nan) for r in scored])
             for request, k in zip(scored, cut, strict=True):
                 if k < len(request.spec_token_ids):
                     request.spec_token_ids = request.spec_token_ids[:k]
