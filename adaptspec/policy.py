@@ -251,7 +251,7 @@ class Policy(_Strict):
         "controller's acceptance estimate when it decides whether to cut that draft shorter: "
         "this weight times the draft's log-odds over the mean confidence of its class's "
         "drafts, so an uncalibrated confidence ranks drafts but sets no level; "
-        "0 = ignore confidences",
+        "0 = ignore confidences (drafts are still trimmed to the step shape that pays)",
     )
     fallback_k: int = Field(0, ge=0, le=64, description="K used when the controller fails")
     latency_critical_engines: list[int] = Field(
