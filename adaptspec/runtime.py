@@ -147,8 +147,8 @@ class AdaptiveRuntime:
             arrived: dict[str, int] = {}
             removed: dict[str, int] = {}
             for i in known:
-                if not math.isfinite(confidence[i]):  # (trimmed, but by no confidence)
-                    continue
+                if isinstance(confidence[i], float) and math.isnan(confidence[i]):
+                    continue  # (trimmed, but by no confidence)
                 c = self.classes.get(req_ids[i], self.policy.default_class)
                 arrived[c] = arrived.get(c, 0) + 1
                 if out[i] < lengths[i]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import stat
 from pathlib import Path
 
@@ -263,6 +264,10 @@ def test_runtime_cut_shortens_doubtful_drafts_counts_them_and_survives_faults() 
     assert rt.cut(ids, planned, [0.0] * 6) == [1] * 6
     assert value(reg, "adaptspec_confidence_cut_tokens_total",
                  {"class": "code"}) == sum(planned) - 6
+    assert value(reg, "adaptspec_confidence_drafts_total", {"class": "code"}) == 12
+    # drafts without a confidence (vLLM's own proposers: NaN) go through the same trim, and
+    # the confidence counters leave them out
+    assert rt.cut(ids, planned, [math.nan] * 6) == planned
     assert value(reg, "adaptspec_confidence_drafts_total", {"class": "code"}) == 12
     # unknown requests keep their drafts; a failing controller keeps them all
     assert rt.cut(["nobody"], [3], [0.0]) == [3]
