@@ -3,6 +3,7 @@ vLLM's own parser), the verdict and the greedy gate."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -70,3 +71,17 @@ def test_a_failed_client_run_is_an_error_not_a_number(tmp_path: Path) -> None:
     assert "error" in r
     assert vc.judge([{vc.PLAIN: {"output_throughput": 1.0, "plain_tok_s": 1.0},
                       "adaptspec": {**r, "plain_tok_s": 1.0}}]) == {"goals": {}}
+
+
+def test_a_missing_client_module_is_refused_before_any_server_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    real = vc.importlib.util.find_spec
+    monkeypatch.setattr(vc.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "pandas" else real(name, *a))
+    assert vc.missing_client_modules() == ["pandas"]
+    started: list[object] = []
+    monkeypatch.setattr(vc, "group_runs", lambda *a: started.append(a) or iter(()))
+    args = argparse.Namespace(model=str(tmp_path), out=str(tmp_path / "out"), prompts=8,
+                              policy=None, configs=None, repeats=1)
+    assert vc.run(args) == 2
+    assert not started and "adaptspec[bench]" in capsys.readouterr().err

@@ -17,6 +17,7 @@ every request's generated text must equal plain's.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -117,7 +118,22 @@ def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, An
     return "\n".join(lines)
 
 
+# What vLLM's client imports only when it reads a custom dataset (the `bench` extra): checked
+# before any server starts, not found after the first server's minutes.
+CLIENT_NEEDS = ("pandas",)
+
+
+def missing_client_modules() -> list[str]:
+    """The modules vLLM's client needs here that this Python cannot import."""
+    return [m for m in CLIENT_NEEDS if importlib.util.find_spec(m) is None]
+
+
 def run(args: argparse.Namespace) -> int:
+    missing = missing_client_modules()
+    if missing:
+        print(f"adaptspec bench vllm-client: vLLM's benchmark client needs {', '.join(missing)}"
+              " to read its dataset: pip install 'adaptspec[bench]'", file=sys.stderr)
+        return 2
     if args.model is None:
         from adaptspec.tools.models import build_qwen
 
