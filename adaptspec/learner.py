@@ -297,14 +297,14 @@ class Learner:
         if self.policy.dynamic_classes:  # only the eviction of dynamic classes reads it
             self._class_last_used[cls] = self.steps
         n_prop = self.n_prop
-        sn, spec_tokens, longest = learn(self.estimator, self.requests, src * self.n_cls + cls,
+        rows = src * self.n_cls + cls
+        sn, spec_tokens, longest = learn(self.estimator, self.requests, rows,
                                          slots * n_prop + src, drafted, accepted)
         if verified is not drafted:
             spec_tokens, longest = int(verified.sum()), max(int(verified.max(initial=0)), 0)
         self.confidence.tick()
         if self._conf_pending:  # drafts that went through `cut` were verified now
             self._conf_pending = False
-            rows = src * self.n_cls + cls
             conf = self.req_conf[slots]
             scored = np.isfinite(conf) & (verified > 0)
             if scored.any():

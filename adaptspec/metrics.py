@@ -89,6 +89,10 @@ class Metrics:
         self.confidence_drafts = family(
             Counter, "adaptspec_confidence_drafts",
             "Drafts that reached the cut with their proposer's confidence", ["class"])
+        self.trimmed = family(
+            Counter, "adaptspec_trimmed_tokens",
+            "Draft tokens the cut dropped, from any draft: a low confidence or a step shape "
+            "that does not pay for them", ["class"])
         self.errors = family(
             Counter, "adaptspec_controller_errors", "Controller faults absorbed (fallback K used)")
         self.step_time = family(
@@ -170,13 +174,16 @@ class Metrics:
             self.draft_cost.labels("per_token").set(cost_ms[0])
             self.draft_cost.labels("per_catchup_token").set(cost_ms[1])
 
-    def record_confidence_cut(self, arrived: dict[str, int], removed: dict[str, int]) -> None:
-        """Drafts that reached Controller.cut with a confidence, and the draft tokens it
-        dropped, per class name."""
+    def record_confidence_cut(self, arrived: dict[str, int], removed: dict[str, int],
+                              trimmed: dict[str, int] | None = None) -> None:
+        """Drafts that reached Controller.cut with a confidence and the draft tokens it
+        dropped from them; `trimmed`: the tokens it dropped from any draft. Per class name."""
         for name, n in arrived.items():
             self.confidence_drafts.labels(self.label(name)).inc(n)
         for name, n in removed.items():
             self.confidence_cut.labels(self.label(name)).inc(n)
+        for name, n in (trimmed or {}).items():
+            self.trimmed.labels(self.label(name)).inc(n)
 
     def record_fallback(self, class_names: Sequence[str], drafted: Sequence[int],
                         accepted: Sequence[int], proposers: Sequence[str] | None = None

@@ -10,7 +10,6 @@ request the policy's fallback K, is logged and counted (the controller's one err
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -146,16 +145,23 @@ class AdaptiveRuntime:
         if self.metrics is not None:
             arrived: dict[str, int] = {}
             removed: dict[str, int] = {}
+            trimmed: dict[str, int] = {}
+            # (NaN or confidence_weight 0: no confidence, as Controller.cut reads it; trimmed
+            # all the same)
+            given = ~np.isnan(np.asarray(confidence, dtype=np.float64)) & (
+                self.policy.confidence_weight > 0)
             for i in known:
-                if isinstance(confidence[i], float) and math.isnan(confidence[i]):
-                    continue  # (trimmed, but by no confidence)
                 c = self.classes.get(req_ids[i], self.policy.default_class)
-                arrived[c] = arrived.get(c, 0) + 1
-                if out[i] < lengths[i]:
-                    removed[c] = removed.get(c, 0) + int(lengths[i]) - out[i]
-            if arrived:
+                dropped = int(lengths[i]) - out[i]
+                if dropped > 0:
+                    trimmed[c] = trimmed.get(c, 0) + dropped
+                if given[i]:
+                    arrived[c] = arrived.get(c, 0) + 1
+                    if dropped > 0:
+                        removed[c] = removed.get(c, 0) + dropped
+            if arrived or trimmed:
                 try:
-                    self.metrics.record_confidence_cut(arrived, removed)
+                    self.metrics.record_confidence_cut(arrived, removed, trimmed)
                 except Exception:
                     self._count_error()
                     log.exception("adaptspec: metrics failed")

@@ -133,3 +133,35 @@ def test_own_plain_decode_is_within_one_server() -> None:
     assert unseen.own_plain_decode(tail, 4) == pytest.approx(60 / 8 * 0.4 / 4)
     assert unseen.own_plain_decode({"engine_decode": dec({"2": (1.0, 1.0)}, {})}, 4) is None
     assert unseen.own_plain_decode({}, 4) is None
+
+
+def test_time_split_is_each_category_less_plain_over_plain_wall() -> None:
+    """Seconds per account category less the group's plain server's, over plain's wall time of
+    the slices with (or without) a latency-critical stream: decode counts both kinds of
+    decode step, and the parts sum to the total."""
+    def acct(dp: float, ds: float, pre: float, first: float, between: float) -> dict:
+        return {"s_decode_plain": dp, "s_decode_spec": ds, "s_prefill": pre,
+                "s_first_shape": first, "s_between": between}
+
+    lc = [False, True]
+    plain = {"slice_wall_s": [50.0, 40.0],
+             "slice_engine": [acct(30, 0, 20, 0, 0), acct(25, 0, 15, 0, 0)]}
+    a = {"slice_engine": [acct(10, 15, 21, 3, 1), acct(10, 16, 16, 0, 0.5)],
+         "reference": {"slice_wall_s": [50.0, 40.0],
+                       "slice_engine": [acct(30, 0, 20, 0, 0), acct(25, 0, 15, 0, 0)]}}
+    rep = {unseen.PLAIN: plain, "adaptspec": a}
+    no_lc = unseen.time_split(rep, "adaptspec", lc, lc=False)
+    assert no_lc == pytest.approx({"decode": -5 / 50, "prefill": 1 / 50, "first_shape": 3 / 50,
+                                   "between": 1 / 50, "total": 0.0})
+    with_lc = unseen.time_split(rep, "adaptspec", lc, lc=True)
+    assert with_lc == pytest.approx({"decode": 1 / 40, "prefill": 1 / 40, "first_shape": 0.0,
+                                     "between": 0.5 / 40, "total": 2.5 / 40})
+    # a run that kept no reference account compares with the repeat's plain server
+    rep["adaptspec"] = {"slice_engine": a["slice_engine"]}
+    assert unseen.time_split(rep, "adaptspec", lc, lc=True) == pytest.approx(with_lc)
+    table = unseen.split_table([rep], lc)
+    assert "+0.062" in table and "-0.100" in table
+    # a server without an account (vLLM's static configurations) has none
+    assert unseen.time_split({unseen.PLAIN: plain, "k2": {"slice_engine": [{}, {}]}},
+                             "k2", lc, lc=True) is None
+    assert unseen.split_table([{unseen.PLAIN: plain}], lc) == ""

@@ -267,8 +267,19 @@ def test_runtime_cut_shortens_doubtful_drafts_counts_them_and_survives_faults() 
     assert value(reg, "adaptspec_confidence_drafts_total", {"class": "code"}) == 12
     # drafts without a confidence (vLLM's own proposers: NaN) go through the same trim, and
     # the confidence counters leave them out
+    assert value(reg, "adaptspec_trimmed_tokens_total", {"class": "code"}) == sum(planned) - 6
     assert rt.cut(ids, planned, [math.nan] * 6) == planned
     assert value(reg, "adaptspec_confidence_drafts_total", {"class": "code"}) == 12
+    # a draft longer than its step pays for is trimmed without a confidence: the trim counter
+    # sees it, the confidence counters do not
+    longer = [k + 4 for k in planned]
+    kept = rt.cut(ids, longer, [math.nan] * 6)
+    assert all(k <= n for k, n in zip(kept, longer, strict=True))
+    assert value(reg, "adaptspec_trimmed_tokens_total", {"class": "code"}) == (
+        sum(planned) - 6 + sum(longer) - sum(kept))
+    assert value(reg, "adaptspec_confidence_drafts_total", {"class": "code"}) == 12
+    assert value(reg, "adaptspec_confidence_cut_tokens_total",
+                 {"class": "code"}) == sum(planned) - 6
     # unknown requests keep their drafts; a failing controller keeps them all
     assert rt.cut(["nobody"], [3], [0.0]) == [3]
 

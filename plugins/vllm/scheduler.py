@@ -298,7 +298,7 @@ class _Adaptive:
                         if (req := self.requests.get(r)) is not None and not req.spec_token_ids}
         if report.draft_cost:
             rt.record_draft_cost(*report.draft_cost)
-        scored: list[Any] = []
+        drafted: list[Any] = []
         plan = rt.plan_for(draft_token_ids.req_ids)
         for req_id in draft_token_ids.req_ids:
             request = self.requests.get(req_id)
@@ -308,15 +308,15 @@ class _Adaptive:
             if len(request.spec_token_ids) > k:
                 request.spec_token_ids = request.spec_token_ids[:k]
             if k:
-                scored.append(request)
-        if scored:
+                drafted.append(request)
+        if drafted:
             # The drafts as proposed are trimmed to the step shape that pays, and the
             # proposer's confidence in this very draft (where it gives one) may cut it shorter
             # than the K the controller planned from class and request history (never longer).
-            cut = rt.cut([r.request_id for r in scored],
-                         [len(r.spec_token_ids) for r in scored],
-                         [confidence.get(r.request_id, math.nan) for r in scored])
-            for request, k in zip(scored, cut, strict=True):
+            cut = rt.cut([r.request_id for r in drafted],
+                         [len(r.spec_token_ids) for r in drafted],
+                         [confidence.get(r.request_id, math.nan) for r in drafted])
+            for request, k in zip(drafted, cut, strict=True):
                 if k < len(request.spec_token_ids):
                     request.spec_token_ids = request.spec_token_ids[:k]
 

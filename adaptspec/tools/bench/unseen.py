@@ -235,6 +235,52 @@ def account_share(r: dict[str, Any]) -> float | None:
     return (sum(acct.values()) - acct.get("idle", 0.0)) / r["wall_s"]
 
 
+SPLIT = {"decode": ("s_decode_plain", "s_decode_spec"), "prefill": ("s_prefill",),
+         "first_shape": ("s_first_shape",), "between": ("s_between",)}
+
+
+def time_split(rep: dict[str, dict[str, Any]], name: str, lc_slices: list[bool], lc: bool
+               ) -> dict[str, float] | None:
+    """Where a server's time differs from its group's plain server's, over the slices with
+    (lc) or without a latency-critical stream: seconds per account category (SPLIT) less
+    plain's, over plain's wall time of those slices (negative: saved). What speculation gains
+    in decode steps shows apart from what it costs elsewhere: the steps that carry a prefill
+    chunk (requests finish unevenly, so prefills no longer share steps), first uses of a token
+    count, the time between steps. None without both servers' accounts."""
+    r = rep[name]
+    ref = r.get("reference", {})
+    mine = r.get("slice_engine") or []
+    base = ref.get("slice_engine") or rep[PLAIN].get("slice_engine") or []
+    wall = ref.get("slice_wall_s") or rep[PLAIN]["slice_wall_s"]
+    picked = [i for i, x in enumerate(lc_slices) if x == lc and i < len(mine) and i < len(base)]
+    if not picked or not all("s_prefill" in mine[i] and "s_prefill" in base[i]
+                             for i in picked):
+        return None
+    total = sum(wall[i] for i in picked)
+    out = {cat: sum(mine[i][k] - base[i][k] for i in picked for k in keys) / total
+           for cat, keys in SPLIT.items()}
+    out["total"] = sum(out.values())
+    return out
+
+
+def split_table(repeats: list[dict[str, dict[str, Any]]], lc_slices: list[bool]) -> str:
+    """time_split per adaptspec server, median over repeats, as a table ('' when none)."""
+    lines = []
+    for name in repeats[0]:
+        for lc in (False, True):
+            splits = [x for rep in repeats if name != PLAIN and name in rep
+                      and (x := time_split(rep, name, lc_slices, lc)) is not None]
+            if splits:
+                cells = "".join(f"{statistics.median(x[c] for x in splits):>+13.3f}"
+                                for c in (*SPLIT, "total"))
+                lines.append(f"{name:<26}{'with LC' if lc else 'no LC':>8}{cells}")
+    if not lines:
+        return ""
+    head = f"{'server':<26}{'slices':>8}" + "".join(f"{c:>13}" for c in (*SPLIT, "total"))
+    return "\n".join(["time by the engine account less plain's, over plain's wall (median over "
+                      "repeats; negative: saved)", head, *lines])
+
+
 def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, Any],
                  batch: int = 4) -> str:
     lines = [f"{'config':<22}{'no LC x plain':>15}{'spread':>8}{'with LC x plain':>17}"
@@ -289,7 +335,8 @@ def run(args: argparse.Namespace) -> int:
                          eager=not args.compiled, slice_requests=size)
         ref = res.pop(PLAIN)
         for r in res.values():
-            r["reference"] = {k: ref[k] for k in ("slice_wall_s", "lc_median_gap_ms")}
+            r["reference"] = {k: ref[k] for k in ("slice_wall_s", "lc_median_gap_ms",
+                                                  "slice_engine")}
             r["reference"]["decode_rate"] = decode_rate(ref)
         repeats[i].setdefault(PLAIN, ref)  # the first group's, for the greedy gate and table
         repeats[i].update(res)
@@ -306,6 +353,8 @@ def run(args: argparse.Namespace) -> int:
               "lc_gap_ms_plain": [median_gap_ms(rep[PLAIN]["lc_requests"]) for rep in repeats],
               "mismatches": mismatches, "errors": errors, "repeats": repeats}
     table = format_table(repeats, verdict, args.concurrency)
+    if split := split_table(repeats, lc_slices):
+        table += "\n\n" + split
     if dec := decode_table({f"{name} (repeat 1)": r["engine_decode"]
                             for name, r in repeats[0].items() if r.get("engine_decode")}):
         table += "\n\n" + dec
