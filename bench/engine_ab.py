@@ -17,7 +17,7 @@ Modes: `plain` (vLLM without speculation), `ngramK` (vLLM's n-gram, static K, lo
 `adaptspec=k2`: its machinery at vLLM's static K=2, `bench unseen`'s adaptspec_k2). Every
 engine served the same prompts the round before, so from the second round on their prefixes
 are cached: these are warm engines, decode-heavier than a fresh server. One run resolves
-about 3-4% (docs/benchmarks.md). Each engine holds its own model and KV cache: the 0.5B takes
+about 3-4% (docs/unseen.md). Each engine holds its own model and KV cache: the 0.5B takes
 about 6 GiB a process, so 3 engines on a 24 GiB machine.
 """
 

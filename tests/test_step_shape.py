@@ -1,7 +1,7 @@
 """The step-time model's (batch, draft tokens) table, and drafts trimmed to the shape that pays.
 
 A step's time jumps between token counts (oneDNN's kernels on a CPU, CUDA-graph sizes on a
-GPU), which a model linear in draft tokens cannot see: docs/benchmarks.md measures it."""
+GPU), which a model linear in draft tokens cannot see: docs/unseen.md measures it."""
 
 from __future__ import annotations
 

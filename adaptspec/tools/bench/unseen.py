@@ -71,7 +71,7 @@ CONFIGS = (
 # Not run unless named: adaptspec's machinery at vLLM's static K=2 (every class that may draft
 # drafts exactly 2, no exploration), so that a static K's time has an engine account beside
 # adaptspec's (vLLM's own scheduler keeps none). bench/engine_ab.py measured the machinery at
-# vLLM's K=2 speed (docs/benchmarks.md).
+# vLLM's K=2 speed (docs/unseen.md).
 FIXED_K2 = Config("adaptspec_k2", CONFIGS[-1].spec, adaptive=True, family="ours", policy={
     "k_max": 2, "exploration": 0.0, "classes": {"*": {"k_min": 2, "k_max": 2}}})
 STATIC = ("vllm_ngram_k2", "vllm_ngram_k4", "vllm_ngram_k8")
@@ -79,7 +79,7 @@ ADAPTIVE = ("adaptspec_vllm_ngram", "adaptspec")
 # Each adaptive configuration runs in one group with a static one, so the two are compared on
 # the same repeat's servers, back to back (`paired`): across groups a shared machine drifts by
 # more than the effect sought. adaptspec's own is paired with K=2, the best static K in every run
-# recorded so far (docs/benchmarks.md); the pairing only sets the order servers run in.
+# recorded so far (docs/unseen.md); the pairing only sets the order servers run in.
 PAIRS = {"adaptspec": "vllm_ngram_k2", "adaptspec_vllm_ngram": "vllm_ngram_k4"}
 
 
@@ -211,7 +211,7 @@ def own_plain_decode(r: dict[str, Any], batch: int) -> float | None:
     """Tokens per second of a server's decode steps (by its engine account, every batch size,
     plain and speculating) over its own plain steps' at `batch` requests: what speculation
     and the batches left as requests finish unevenly make of decoding, measured within one
-    server, so free of the few percent by which servers' speeds differ (docs/benchmarks.md).
+    server, so free of the few percent by which servers' speeds differ (docs/unseen.md).
     Accepted tokens are the server's whole count; the few a step carrying a prefill chunk
     accepted count here too. None without an account or plain steps at `batch`."""
     dec = r.get("engine_decode") or {}
