@@ -13,9 +13,10 @@ step costs more than its prefill and its decodes would apart, in one in-process 
 - staggered: the same prompts arrive one at a time, each after the previous one decoded
   `--gap` tokens, so each prefill shares its step with the requests decoding.
 
-Every step's time, token counts and drafts are kept; it prints the steps that carry a prefill
-chunk per scenario and each scenario's total time. `--mode plain` or `ngramK` (vLLM's n-gram
-proposer at K, lookup 2-4).
+Both scenarios serve the same prompts, so prefix caching is off (a second pass over a prompt
+would find it cached). Every step's time, token counts and drafts are kept; it prints the
+steps that carry a prefill chunk per scenario and each scenario's total time. `--mode plain`
+or `ngramK` (vLLM's n-gram proposer at K, lookup 2-4).
 
     VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 \
         python bench/prefill_mix.py --mode plain [--json OUT]
@@ -39,7 +40,8 @@ def build(mode: str, model: str) -> Any:
 
     kw: dict[str, Any] = dict(model=os.path.expanduser(model), dtype="float32",
                               max_model_len=1024, max_num_seqs=6, max_num_batched_tokens=6144,
-                              enforce_eager=True, seed=0, distributed_executor_backend="uni")
+                              enforce_eager=True, seed=0, distributed_executor_backend="uni",
+                              enable_prefix_caching=False)
     if mode.startswith("ngram"):
         kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": int(mode[5:]),
                                     "prompt_lookup_min": 2, "prompt_lookup_max": 4}

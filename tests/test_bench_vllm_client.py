@@ -58,8 +58,18 @@ def test_verdict_is_each_repeat_over_its_own_plain_and_adaptspec_over_the_best_s
     assert v["adaptspec"]["spread"] == pytest.approx(0.2)
     # the best static K by its median (k2: 1.1; k4: 1.05)
     assert v["goals"]["adaptspec"]["over_best_static"] == pytest.approx(1.0)
+    # adaptspec runs in K=2's group (unseen.PAIRS): paired repeat by repeat, 12/11, 13.2/12.6,
+    # 11/12.1
+    pair = v["goals"]["adaptspec"]["paired"]
+    assert pair["over"] == "vllm_ngram_k2"
+    assert pair["per_repeat"] == pytest.approx([12 / 11, 13.2 / 12.6, 11 / 12.1])
+    assert pair["median"] == pytest.approx(13.2 / 12.6)
     table = vc.format_table(reps, v).splitlines()
-    assert table[-1] == "adaptspec: 1.000x the best static K (goal >= 1.00)"
+    assert table[-1] == ("adaptspec: 1.000x the best static K (goal >= 1.00); paired with "
+                         "vllm_ngram_k2 (same group): 1.048x, repeats 1.091 1.048 0.909")
+    # without its static pair there is no paired ratio
+    v = vc.judge([{k: r for k, r in rep.items() if k != "vllm_ngram_k2"} for rep in reps])
+    assert v["goals"]["adaptspec"]["paired"] is None
     assert vc.check_greedy(reps) == []
     reps[1]["adaptspec"]["generated_texts"] = ["a", "c"]
     assert vc.check_greedy(reps) == ["repeat 1 adaptspec request 1"]
