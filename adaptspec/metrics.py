@@ -175,14 +175,14 @@ class Metrics:
             self.draft_cost.labels("per_catchup_token").set(cost_ms[1])
 
     def record_confidence_cut(self, arrived: dict[str, int], removed: dict[str, int],
-                              trimmed: dict[str, int] | None = None) -> None:
+                              trimmed: dict[str, int]) -> None:
         """Drafts that reached Controller.cut with a confidence and the draft tokens it
         dropped from them; `trimmed`: the tokens it dropped from any draft. Per class name."""
         for name, n in arrived.items():
             self.confidence_drafts.labels(self.label(name)).inc(n)
         for name, n in removed.items():
             self.confidence_cut.labels(self.label(name)).inc(n)
-        for name, n in (trimmed or {}).items():
+        for name, n in trimmed.items():
             self.trimmed.labels(self.label(name)).inc(n)
 
     def record_fallback(self, class_names: Sequence[str], drafted: Sequence[int],

@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     llm = build(args.mode, args.model)
     from vllm import SamplingParams
 
+    from adaptspec.account import carries_prefill
     from adaptspec.tools.bench.prompts import load_unseen_chat
 
     tok = llm.get_tokenizer()
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = so.scheduled_spec_decode_tokens
         pre = dec = 0
         for r, n in so.num_scheduled_tokens.items():
-            if n > 1 + len(spec.get(r, ())):
+            if carries_prefill(n, spec.get(r, ())):
                 pre += n
             else:
                 dec += n

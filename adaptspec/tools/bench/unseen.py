@@ -35,7 +35,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -175,9 +175,17 @@ def judge(repeats: list[dict[str, dict[str, Any]]], lc_slices: list[bool]) -> di
 def _paired(out: dict[str, Any], name: str) -> dict[str, Any] | None:
     """An adaptive configuration over its static pair, repeat by repeat (slices without
     latency-critical traffic; both over the same group's plain server)."""
+    return paired(out, name, lambda v: v.get("no_lc", {}).get("per_repeat"))
+
+
+def paired(out: dict[str, Any], name: str,
+           per_repeat: Callable[[dict[str, Any]], list[float] | None]) -> dict[str, Any] | None:
+    """`name` over the static K of its group (PAIRS), repeat by repeat, from each one's
+    per-repeat ratios over its group's plain server (`per_repeat` reads them from a verdict
+    entry); None without both or with unequal repeats."""
     static = PAIRS.get(name)
-    mine = out.get(name, {}).get("no_lc", {}).get("per_repeat")
-    theirs = out.get(static or "", {}).get("no_lc", {}).get("per_repeat")
+    mine = per_repeat(out.get(name, {}))
+    theirs = per_repeat(out.get(static or "", {}))
     if not static or not mine or not theirs or len(mine) != len(theirs):
         return None
     r = [a / b for a, b in zip(mine, theirs, strict=True)]

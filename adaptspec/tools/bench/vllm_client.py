@@ -30,7 +30,7 @@ from typing import Any
 
 from adaptspec.tools.bench.nopay import DEFAULT_POLICY, _start, report
 from adaptspec.tools.bench.prompts import load_unseen_chat
-from adaptspec.tools.bench.unseen import ADAPTIVE, PAIRS, PLAIN, STATIC, chosen, group_runs
+from adaptspec.tools.bench.unseen import ADAPTIVE, PLAIN, STATIC, chosen, group_runs, paired
 
 # The client in a process of its own: it imports vLLM, which this package never does.
 CLIENT = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
@@ -82,23 +82,11 @@ def judge(repeats: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
                                "spread": max(v) - min(v)} for n, v in per.items()}
     best = max((out[s]["median"] for s in STATIC if s in out), default=None)
     out["goals"] = {n: {"over_best_static": out[n]["median"] / best if best else None,
-                        "paired": _paired(out, n)}
+                        # (both ran on the same repeat's servers, back to back: the
+                        # machine's drift between groups and repeats divides out)
+                        "paired": paired(out, n, lambda v: v.get("per_repeat"))}
                     for n in ADAPTIVE if n in out}
     return out
-
-
-def _paired(out: dict[str, Any], name: str) -> dict[str, Any] | None:
-    """An adaptive configuration over the static K of its group (unseen.PAIRS), repeat by
-    repeat: both ran on the same repeat's servers, back to back, so the machine's drift between
-    groups and repeats (a plain server moved 2.59-2.96 tok/s over one run) divides out."""
-    static = PAIRS.get(name)
-    mine = out.get(name, {}).get("per_repeat")
-    theirs = out.get(static or "", {}).get("per_repeat")
-    if not static or not mine or not theirs or len(mine) != len(theirs):
-        return None
-    r = [a / b for a, b in zip(mine, theirs, strict=True)]
-    return {"over": static, "per_repeat": r, "median": statistics.median(r),
-            "spread": max(r) - min(r)}
 
 
 def check_greedy(repeats: list[dict[str, dict[str, Any]]]) -> list[str]:
