@@ -128,8 +128,8 @@ def posterior(ev: np.ndarray, n_classes: int, kk: int, prior_min: float) -> np.n
 def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
            cls_kind: np.ndarray, cls_slo_ms: np.ndarray, n0: float, sn: np.ndarray,
            cls: np.ndarray, explore: np.ndarray, z: np.ndarray, coef: np.ndarray, knee: float,
-           slack: float, hyst_steps: int, prev_k: np.ndarray, votes: np.ndarray,
-           slots: np.ndarray) -> tuple:
+           shape_ms: np.ndarray, slack: float, hyst_steps: int, prev_k: np.ndarray,
+           votes: np.ndarray, slots: np.ndarray) -> tuple:
     """K per request for a batch of at least one (step_reference.decide documents the
     arguments); updates the hysteresis state prev_k and votes (per slot) when hyst_steps > 1.
 
@@ -226,7 +226,8 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
             spec += counts[threshold]
             value += values[threshold]
             max_k = max(max_k, longest[threshold])
-        t_ms[t] = step_time(coef, n, spec + n_forced, float(max_k), knee)
+        t_ms[t] = (step_time(coef, n, spec + n_forced, float(max_k), knee)
+                   + shape_ms[min(np.int64(spec + n_forced), shape_ms.shape[0] - 1)])
         goodput[t] = (value + (n + forced_gain)) / max(t_ms[t], 1e-9)
         if goodput[t] > goodput[best_free]:
             best_free = t
@@ -274,7 +275,7 @@ def warm_up() -> None:
     sn, _, _ = feedback(ev, 1, 1, 1.0, i64, records, i64, i64, i64, 0.9)
     posterior(ev, 1, 1, 1e-3)
     decide(np.ones((2, 1)), i64, i64 + 1, i64 + 1, f64 + np.inf, 1.0, sn, i64,
-           np.zeros(1, dtype=bool), np.zeros((0, 1)), np.zeros(N_FEATURES), 1.0, 0.0, 2,
+           np.zeros(1, dtype=bool), np.zeros((0, 1)), np.zeros(N_FEATURES), 1.0, f64, 0.0, 2,
            i64.copy(), i64.copy(), i64)
     _warm = True
 

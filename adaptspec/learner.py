@@ -34,6 +34,8 @@ from adaptspec.policy import OTHER_CLASS, Policy
 
 log = logging.getLogger(__name__)
 
+# A plan's step shapes are priced up to this many draft tokens; more share the last price.
+SHAPE_PLANS = 512
 _NO_DRAWS = np.zeros((0, 1))
 _NOBODY = np.zeros(0, dtype=bool)
 
@@ -360,9 +362,13 @@ class Learner:
             rows = choice * self.n_cls + cls
             sn = self.requests.sn[:, slots * n_prop + choice]
         coef = self.cost.coef_at(n)
+        # The plans are priced with their step shape's residual too: without it a shape the
+        # formula prices over the latency-critical slack, but that runs faster than plain (a
+        # CPU's step of 2 requests with 2 drafts), is never drafted and never measured.
+        shape_ms = self.cost.shape_offset(n, np.arange(min(kk * n, SHAPE_PLANS) + 1))
         ks, _, inc, threshold, self.last_predicted_ms = fastpath.decide(
             post, self._row_k_min, self._row_k_max, self._row_kind, self._row_slo_ms,
-            self.requests.shrinkage, sn, rows, explore, z, coef, self.cost.knee,
+            self.requests.shrinkage, sn, rows, explore, z, coef, self.cost.knee, shape_ms,
             p.latency_critical_slack, p.hysteresis_steps, self.req_prev_k, self.req_votes,
             slots)
         reasons = self._reasons(ks, cls, explore, inc, threshold)
@@ -379,7 +385,7 @@ class Learner:
             probe, _, p_inc, p_threshold, _ = fastpath.decide(
                 post, self._row_k_min, self._row_k_max, self._row_kind, self._row_slo_ms,
                 self.requests.shrinkage, sn, rows, explore, z, optimistic, self.cost.knee,
-                p.latency_critical_slack, 1, self.req_prev_k, self.req_votes, slots)
+                shape_ms, p.latency_critical_slack, 1, self.req_prev_k, self.req_votes, slots)
             if probe.any():
                 ks, inc, threshold = probe, p_inc, p_threshold
                 reasons = np.where(ks > 0, why.CODE[why.COST_PROBE], reasons)

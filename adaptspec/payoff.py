@@ -47,7 +47,8 @@ class PayoffGuard:
     cap_steps, refresh_steps, plain_ms (batch size -> running plain step time), plain_n,
     plain_at (step index of the last plain sample per batch size), account_ms, steps,
     spec_steps, loss_ms (total charged), time_ms (total measured), forced_plain, held,
-    spec_ratio (speculating steps' time over plain decoding's, running mean over ratio_n).
+    spec_ratio, ratio_n (batch size -> speculating steps' time over plain decoding's at that
+    size, running mean over ratio_n of them).
     """
 
     def __init__(self, budget: float = 0.01, cap_steps: float = 8.0, refresh_steps: int = 256,
@@ -73,9 +74,11 @@ class PayoffGuard:
         self.forced_plain = 0  # decisions held plain to measure the plain step
         self.held = 0  # decisions held plain because the account was spent
         self.last_hold: str | None = None  # why the last `allow` said no: measure | budget
-        # Speculating steps' time over plain decoding's at the same batch size (running mean)
-        self.spec_ratio = 1.0
-        self.ratio_n = 0
+        # Speculating steps' time over plain decoding's at the same batch size (running mean
+        # per batch size: on a CPU a draft token can make a step of 2 faster than plain, where
+        # it makes a step of 4 slower)
+        self.spec_ratio: dict[int, float] = {}
+        self.ratio_n: dict[int, int] = {}
         self.min_ratio_samples = 8
 
     # ---------------------------------------------------------------- the plain reference
@@ -177,7 +180,7 @@ class PayoffGuard:
             # cores, a pause in the engine): charged as that, not in full, or one stall would
             # hold speculation that pays for hundreds of steps.
             t = min(step_ms, STALL_FACTOR * plain)
-            self._add_ratio(t / plain)
+            self._add_ratio(batch, t / plain)
             loss = t - (batch + max(accepted, 0)) / batch * plain
             if latency_critical:
                 loss = max(loss, t - (1.0 + slack) * plain)
@@ -188,16 +191,27 @@ class PayoffGuard:
         self.account_ms = min(self.account_ms, self.cap_steps * ref)
         return loss
 
-    def _add_ratio(self, r: float) -> None:
+    def _add_ratio(self, batch: int, r: float) -> None:
         # A running mean over about `memory` speculating steps, like the plain estimates.
-        self.ratio_n += 1
-        self.spec_ratio += (r - self.spec_ratio) / min(self.ratio_n, self.memory)
+        n = self.ratio_n.get(batch, 0) + 1
+        old = self.spec_ratio.get(batch, r)
+        self.spec_ratio[batch] = old + (r - old) / min(n, self.memory)
+        self.ratio_n[batch] = n
 
-    def drafts_slow_steps(self, slack: float) -> bool:
-        """Have speculating steps measured slower than (1 + slack) x plain decoding's at their
-        batch size, on average over enough of them to say? A latency-critical request gets one
-        token a step whatever the others accept, so such a step is that much slower for it."""
-        return self.ratio_n >= self.min_ratio_samples and self.spec_ratio > 1.0 + slack
+    def drafts_slow_steps(self, slack: float, batch: int) -> bool:
+        """Have speculating steps of about this batch size (within a quarter, as `_fresh`)
+        measured slower than (1 + slack) x plain decoding's at their size, on average over
+        enough of them to say? A latency-critical request gets one token a step whatever the
+        others accept, so such a step is that much slower for it. Judged near the batch size
+        because what a draft costs depends on it: on two CPU cores a step of 2 requests with
+        2 drafts took 0.67x a plain one, a step of 4 with 2 drafts 1.2x."""
+        tol = max(1, batch // 4)
+        near = [b for b in range(batch - tol, batch + tol + 1) if b in self.ratio_n]
+        n = sum(self.ratio_n[b] for b in near)
+        if n < self.min_ratio_samples:
+            return False
+        mean = sum(self.ratio_n[b] * self.spec_ratio[b] for b in near) / n
+        return mean > 1.0 + slack
 
     def step(self, batch: int, speculated: bool, accepted: int, step_ms: float | None,
              latency_critical: bool, slack: float, gates: bool
@@ -211,7 +225,7 @@ class PayoffGuard:
                             latency_critical=latency_critical, slack=slack)
         allow = self.allow(batch) if gates else True
         hold = self.last_hold if gates else None
-        if allow and latency_critical and self.drafts_slow_steps(slack):
+        if allow and latency_critical and self.drafts_slow_steps(slack, batch):
             allow, hold = False, "latency"
         return allow, hold, loss
 

@@ -69,8 +69,9 @@ def posterior(ev: np.ndarray, kk: int, prior_min: float) -> np.ndarray:
 def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
            cls_kind: np.ndarray, cls_slo_ms: np.ndarray, n0: float, sn: np.ndarray,
            cls: np.ndarray, explore: np.ndarray, z: np.ndarray, coef: np.ndarray, knee: float,
-           slack: float, hyst_steps: int, prev_k: np.ndarray, votes: np.ndarray,
-           slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, float]:
+           shape_ms: np.ndarray, slack: float, hyst_steps: int, prev_k: np.ndarray,
+           votes: np.ndarray, slots: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, float]:
     """K per request for the next step.
 
     post [2 kk, classes]: AcceptanceEstimator.posterior_sums. Per class: cls_k_min (drafts
@@ -78,7 +79,9 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
     plain, 2 latency-critical), cls_slo_ms (ITL SLO, inf for none). n0: request_shrinkage.
     Per request: sn [2, n] its record (s, n), cls its class, slots its slot; explore: whose
     acceptance is drawn this step (empty: nobody's), z [their count, kk]: standard normals.
-    coef, knee: the step-time model; slack: latency_critical_slack. Hysteresis (hyst_steps >
+    coef, knee: the step-time model; shape_ms [at least 1]: what a step of this batch with s
+    draft tokens in all takes beyond the formula (StepCostModel.shape_offset; the last entry
+    for any s past the end); slack: latency_critical_slack. Hysteresis (hyst_steps >
     1): prev_k and votes per slot, updated in place.
 
     Returns (K, the decision kinds (0: speculate), the increments [kk, n], the threshold bin,
@@ -120,7 +123,8 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
     # The longest draft: a request's drafts above a threshold are a run from its k_min on.
     reach = q.max(axis=1) >= threshold[:, None]
     max_k = np.maximum((reach * np.arange(1, kk + 1)).max(axis=1), k_min.max())
-    t_ms = step_time(coef, n, spec, max_k.astype(float), knee)
+    t_ms = (step_time(coef, n, spec, max_k.astype(float), knee)
+            + shape_ms[np.minimum(spec.astype(np.int64), len(shape_ms) - 1)])
     goodput = (value + (n + forced_gain)) / np.maximum(t_ms, 1e-9)
     best_free = int(goodput.argmax())
     # A latency-critical request in the batch limits the step to plain decoding's time plus

@@ -15,6 +15,7 @@ from adaptspec import step_reference as ref
 from adaptspec.acceptance import PRIOR_MIN, AcceptanceEstimator
 from adaptspec.controller import Controller
 from adaptspec.cost import N_FEATURES
+from adaptspec.learner import SHAPE_PLANS
 from adaptspec.policy import ClassPolicy, CostModel, Policy
 
 SIZES = [1, 2, 3, 7, 16, 64, 100, 256, 511, 512]
@@ -93,10 +94,15 @@ def _decide_case(rng: np.random.Generator, n: int) -> tuple:
     if rng.random() < 0.2:
         explore = np.zeros(0, dtype=bool)  # exploration off
     z = rng.standard_normal((int(explore.sum()), kk)) if explore.any() else np.zeros((0, 1))
+    # the shape residuals: none, or some (negative ones too: a shape faster than the formula),
+    # shorter than the plans at times (the last entry prices the rest)
+    shape = np.zeros(1 + int(rng.integers(0, kk * n + 3)))
+    if rng.random() < 0.6:
+        shape[1:] = rng.normal(0.0, coef[0] * 0.2 + 1.0, shape.size - 1)
     hyst = (int(rng.choice([1, 2, 3])), rng.integers(0, kk + 1, cap), rng.integers(0, 2, cap))
     return (est.posterior_sums(), k_min, k_max, kind, slo, float(rng.choice([1.0, 6.0])), sn,
             rng.integers(0, n_cls, n), explore, z, coef, float(rng.choice([0.0, 1.0, 40.5])),
-            float(rng.choice([0.0, 0.05, 0.3])), *hyst, slots)
+            shape, float(rng.choice([0.0, 0.05, 0.3])), *hyst, slots)
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -105,10 +111,10 @@ def test_decide_equals_reference(n: int) -> None:
     drafting = 0
     for _ in range(40):
         args = _decide_case(rng, n)
-        prev_k, votes = args[14], args[15]
+        prev_k, votes = args[15], args[16]
         copies = (prev_k.copy(), votes.copy())
         got = fastpath.decide(*args)
-        want = ref.decide(*args[:14], *copies, args[16])
+        want = ref.decide(*args[:15], *copies, args[17])
         for a, b in zip(got, want, strict=True):
             np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(prev_k, copies[0])
@@ -166,8 +172,10 @@ def _reference_step(ctl: Controller, slots: np.ndarray, drafted: np.ndarray,
             z = ctl.rng.standard_normal((int(explore.sum()), kk))
     return ref.decide(est.posterior_sums(), ctl.cls_k_min, ctl.cls_k_max, ctl.cls_kind,
                       ctl.cls_slo_ms, p.request_shrinkage, sn, cls, explore, z,
-                      ctl.cost.coef_at(len(slots)),
-                      ctl.cost.knee, p.latency_critical_slack, p.hysteresis_steps,
+                      ctl.cost.coef_at(len(slots)), ctl.cost.knee,
+                      ctl.cost.shape_offset(len(slots),
+                                            np.arange(min(kk * len(slots), SHAPE_PLANS) + 1)),
+                      p.latency_critical_slack, p.hysteresis_steps,
                       ctl.req_prev_k, ctl.req_votes, slots)[0]
 
 

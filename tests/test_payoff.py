@@ -332,3 +332,53 @@ def test_a_latency_critical_request_gets_plain_steps_when_drafts_measure_slower(
     assert 'reason="latency"' in text
     _, text = run(101.0)  # within the slack: never held
     assert 'reason="latency"' not in text
+
+
+def test_the_latency_check_judges_drafts_at_about_the_batch_size() -> None:
+    """On two CPU cores a draft can make a step of 2 requests faster than plain (it runs 4
+    rows, a cheaper shape) and a step of 4 slower: steps measured slow at 4 hold drafts beside
+    a latency-critical request at 4 and 5, not at 2."""
+    guard = PayoffGuard()
+    for _ in range(4):
+        guard.observe(2, False, 0, 500.0)
+        guard.observe(4, False, 0, 310.0)
+    for _ in range(guard.min_ratio_samples):
+        guard.observe(4, True, 1, 372.0)  # 1.2x plain at 4
+    assert guard.drafts_slow_steps(0.02, 4)
+    assert guard.drafts_slow_steps(0.02, 5)
+    assert not guard.drafts_slow_steps(0.02, 2)  # nothing measured there: the cost model's
+    for _ in range(guard.min_ratio_samples):
+        guard.observe(2, True, 1, 340.0)  # 0.68x plain at 2
+    assert not guard.drafts_slow_steps(0.02, 2)
+    assert guard.drafts_slow_steps(0.02, 4)
+
+
+def test_a_latency_critical_request_beside_one_gets_drafts_that_make_the_step_faster() -> None:
+    """An engine whose step costs by its rows (a request or a draft token each), where 2 rows
+    take longer than 4 (the 1.5B on two CPU cores). Beside a latency-critical request the
+    other request drafts: 2 drafts make the step 0.66x a plain one, though a line through the
+    batch sizes prices them over the slack; the drafted steps are measured that fast."""
+    rows_ms = {1: 410.0, 2: 500.0, 3: 340.0, 4: 310.0, 5: 320.0, 6: 360.0}
+    policy = Policy(classes={"code": ClassPolicy(prior_acceptance=0.9),
+                             "lc": ClassPolicy(latency_critical=True)},
+                    default_class="code", exploration=0.0, hysteresis_steps=1,
+                    latency_critical_slack=0.02, cost_model=CostModel(preset="cpu"))
+    rt = AdaptiveRuntime(policy, k_cap=4)
+    for b in (1, 2, 3, 4):  # plain steps at every batch size first (a server's warm-up)
+        ids = [f"w{b}{i}" for i in range(b)]
+        for r in ids:
+            rt.admit(r, RequestInfo(extra_args={"adaptspec_class": "lc"}))
+        for _ in range(6):
+            rt.step(ids, [0] * b, [0] * b, rows_ms[b] / 1e3)
+        for r in ids:
+            rt.finish(r)
+    rt.admit("a", RequestInfo())
+    rt.admit("i", RequestInfo(extra_args={"adaptspec_class": "lc"}))
+    ks = rt.step(["a", "i"], [0, 0], [0, 0], rows_ms[2] / 1e3)
+    times = []
+    for _ in range(30):
+        k = ks["a"]
+        assert ks["i"] == 0
+        times.append(rows_ms[2 + k] + (10.0 if k else 0.0))
+        ks = rt.step(["a", "i"], [k, 0], [k, 0], times[-1] / 1e3)
+    assert np.median(times) < 0.8 * rows_ms[2]

@@ -96,3 +96,30 @@ def test_trim_keeps_forced_tokens_and_a_latency_critical_limit() -> None:
     assert got.sum() == 2
     plain = m.predict(4, 0, 0)
     assert m.predict(4, int(got.sum()), int(got.max())) <= plain * 1.02
+
+
+ROWS_MS = {1: 410.0, 2: 500.0, 3: 340.0, 4: 310.0, 5: 320.0}  # a step by its rows (1.5B, 2 cores)
+
+
+def test_an_unmeasured_shape_is_priced_as_a_plain_step_of_as_many_rows() -> None:
+    """A step of 2 requests with 2 drafts runs 4 rows: before any such step is measured it is
+    priced as the plain steps of 4 measured, not by the line through batch sizes; a shape
+    with no plain step of as many rows keeps the formula; measured shapes take over."""
+    rng = np.random.default_rng(0)
+    m = StepCostModel(CostModel(preset="cpu", prior_weight=1.0, forgetting=0.999))
+    for _ in range(400):
+        b = int(rng.integers(1, 5))
+        m.partial_fit(b, 0, 0, ROWS_MS[b] * rng.lognormal(0.0, 0.02))
+    m.fit()
+    target = ROWS_MS[4] + m.coef[4] + m.coef[3] * 1  # and what speculating adds beyond rows
+    line = float(step_time(m.coef_at(2), 2, 2, 1, m.knee))
+    # as far as the 4 rows were measured (their decayed weight against the table's prior)
+    unseen = OFFSET_PRIOR_STEPS / (m.offset_weight[4] + OFFSET_PRIOR_STEPS)
+    assert abs(m.predict(2, 2, 1) - target) <= (unseen + 0.02) * abs(line - target)
+    assert m.predict(2, 2, 1) < m.predict(2, 0, 0)  # cheaper than plain: worth drafting
+    formula = float(step_time(m.coef_at(4), 4, 3, 3, m.knee))
+    assert m.predict(4, 3, 3) == formula  # 7 rows: never measured
+    for _ in range(60):
+        m.partial_fit(2, 2, 1, 450.0)
+    m.fit()
+    assert abs(m.predict(2, 2, 1) - 450.0) < 0.05 * 450.0
