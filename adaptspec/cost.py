@@ -131,9 +131,10 @@ class StepCostModel:
         rows through the weights, as a step of B + S requests without drafts does, so it is
         priced like one (the batch table at B + S, with the longest draft's terms, a draft
         model's passes, on top), as far as steps of B + S requests have been measured; 0
-        where none have (the formula alone). On two CPU cores, for the 0.5B and the 1.5B
-        alike, a speculating step took within about 5% of a plain step of as many rows, and
-        rows are not priced linearly there (the 1.5B: 504 ms a plain step of 2, 310 of 4).
+        where none have (the formula alone). On two CPU cores a speculating step took within
+        about 5% of a plain step of as many rows for the 0.5B and the 1.5B (on a slower day,
+        a step of 1 with 6 drafts 13% less), and rows are not priced linearly there (the 1.5B:
+        504 ms a plain step of 2, 310 of 4). It is a prior: measured shapes replace it.
         What a speculating step costs beyond its rows stays the formula's: its fixed cost
         (rejection sampling, a drafter's launch) and its longest draft's terms."""
         b = min(max(int(batch), 0), TABLE_BATCHES)
