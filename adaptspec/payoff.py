@@ -40,6 +40,12 @@ import math
 STALL_FACTOR = 3.0
 
 
+def _near(batch: int) -> range:
+    """The batch sizes within a quarter of `batch` (at least one request either side)."""
+    tol = max(1, batch // 4)
+    return range(batch - tol, batch + tol + 1)
+
+
 class PayoffGuard:
     """Batch-level gate on speculation from measured step times.
 
@@ -87,10 +93,9 @@ class PayoffGuard:
         """Is there a recent plain estimate at this batch size or one near it (within a
         quarter, at least one request)? Interpolating between near sizes is good enough, and
         a GPU engine's batch moves over hundreds of sizes."""
-        tol = max(1, batch // 4)
         return any(self.plain_n[b] >= self.min_samples
                    and self.steps - self.plain_at[b] <= self.refresh_steps
-                   for b in range(batch - tol, batch + tol + 1) if b in self.plain_n)
+                   for b in _near(batch) if b in self.plain_n)
 
     def plain_estimate(self, batch: int) -> float | None:
         """Plain step time at `batch` (ms): measured there, else interpolated between the
@@ -205,8 +210,7 @@ class PayoffGuard:
         others accept, so such a step is that much slower for it. Judged near the batch size
         because what a draft costs depends on it: on two CPU cores a step of 2 requests with
         2 drafts took 0.67x a plain one, a step of 4 with 2 drafts 1.2x."""
-        tol = max(1, batch // 4)
-        near = [b for b in range(batch - tol, batch + tol + 1) if b in self.ratio_n]
+        near = [b for b in _near(batch) if b in self.ratio_n]
         n = sum(self.ratio_n[b] for b in near)
         if n < self.min_ratio_samples:
             return False
