@@ -13,6 +13,7 @@ configuration's steps cost, and how often.
     python bench/engine_ab.py ngram2 adaptspec [--rounds 4] [--prompts 16] [--json OUT]
 
 Modes: `plain` (vLLM without speculation), `ngramK` (vLLM's n-gram, static K, lookup 2-4),
+`eagleK` (vLLM's eagle over `--eagle HEAD`, a head of `--model`, static K),
 `adaptspec` or `adaptspec=POLICY` (adaptspec over its own n-gram proposer, K <= 8;
 `adaptspec=k2`: its machinery at vLLM's static K=2, `bench unseen`'s adaptspec_k2). Every
 engine served the same prompts the round before, so from the second round on their prefixes
@@ -39,7 +40,7 @@ from typing import Any
 DEFAULT_MODEL = "~/.cache/adaptspec/models/qwen/draft"
 
 
-def build(mode: str, model: str) -> Any:
+def build(mode: str, model: str, eagle: str | None = None) -> Any:
     from vllm import LLM
 
     from adaptspec.serve import PROPOSERS
@@ -50,6 +51,11 @@ def build(mode: str, model: str) -> Any:
     if mode.startswith("ngram"):
         kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": int(mode[5:]),
                                     "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    elif mode.startswith("eagle"):
+        if not eagle:
+            raise SystemExit(f"{mode} needs --eagle HEAD")
+        kw["speculative_config"] = {"method": "eagle", "model": os.path.expanduser(eagle),
+                                    "num_speculative_tokens": int(mode[5:])}
     elif mode.split("=")[0] == "adaptspec":
         from adaptspec.serve import SCHEDULER_CLS
 
@@ -64,7 +70,7 @@ def build(mode: str, model: str) -> Any:
 def engine(mode: str, order: list[str], args: argparse.Namespace, turn: Path) -> None:
     """One side: build, warm up, log the steps, generate on its turns, print the result."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    llm = build(mode, args.model)
+    llm = build(mode, args.model, args.eagle)
     from vllm import SamplingParams
 
     from adaptspec.tools.bench.prompts import load_unseen_chat
@@ -75,9 +81,22 @@ def engine(mode: str, order: list[str], args: argparse.Namespace, turn: Path) ->
     llm.chat(chats[:4], sp, use_tqdm=False)
 
     core = llm.llm_engine.engine_core.engine_core
-    steps: list[tuple[int, int, bool, float, int, int]] = []
+    steps: list[tuple[int, int, bool, float, int, int, float]] = []
     planned: dict[str, Any] = {}
     schedule, step_fn = core.scheduler.schedule, core.step_fn
+    drafted_ms = [0.0]  # the drafter's time in the step (vLLM's own proposers), apart
+    drafter = getattr(core.model_executor.driver_worker.worker.model_runner, "drafter", None)
+    if drafter is not None:
+        propose = drafter.propose
+
+        def timed_propose(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return propose(*a, **k)
+            finally:
+                drafted_ms[0] += (time.perf_counter() - t0) * 1e3
+
+        drafter.propose = timed_propose
 
     def logged_schedule(*a: Any, **k: Any) -> Any:
         so = schedule(*a, **k)
@@ -89,12 +108,13 @@ def engine(mode: str, order: list[str], args: argparse.Namespace, turn: Path) ->
         return so
 
     def timed_step(*a: Any, **k: Any) -> Any:
-        t0 = time.perf_counter()
+        t0, drafted_ms[0] = time.perf_counter(), 0.0
         out = step_fn(*a, **k)
         if planned.get("n"):
             made = sum(len(o.new_token_ids) for eco in out[0].values() for o in eco.outputs)
             steps.append((planned["n"], planned["drafts"], planned["prefill"],
-                          (time.perf_counter() - t0) * 1e3, planned["drafting"], made))
+                          (time.perf_counter() - t0) * 1e3, planned["drafting"], made,
+                          drafted_ms[0]))
         planned.clear()
         return out
 
@@ -136,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--eagle", default=None, help="an EAGLE head of --model, for eagleK modes")
     ap.add_argument("--side", nargs=2, help=argparse.SUPPRESS)  # (one engine's process)
     args = ap.parse_args(argv)
     if len(set(args.modes)) != len(args.modes):
@@ -159,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                 policy = str(fixed_k2_policy(Path(tmp)))
             procs[m] = subprocess.Popen(
                 [sys.executable, __file__, *args.modes, "--model", args.model, "--rounds",
-                 str(args.rounds), "--prompts", str(args.prompts), "--side", m, str(turn)],
+                 str(args.rounds), "--prompts", str(args.prompts),
+                 *(["--eagle", args.eagle] if args.eagle else []), "--side", m, str(turn)],
                 env={**env, "ADAPTSPEC_POLICY": policy} if m.startswith("adaptspec") else env,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         while not all((Path(tmp) / f"ready-{i}").exists() for i in range(len(args.modes))):
@@ -192,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         print("  at 4 requests, requests drafting: count x ms (tokens made)  " + "  ".join(
             f"{d}: {n} x {ms:.0f} ({t:.2f})"
             for d, (n, ms, t) in shapes(out[m]["steps"], by_requests=True).items()))
+        at4 = [s for s in out[m]["steps"] if s[0] == 4 and not s[2] and len(s) > 6]
+        if at4 and any(s[6] for s in at4):
+            print(f"  at 4 requests, the drafter's share: {statistics.fmean(s[6] for s in at4):.0f}"
+                  f" ms of a {statistics.fmean(s[3] for s in at4):.0f} ms step ({len(at4)} steps)")
     if args.json:
         args.json.write_text(json.dumps({"modes": args.modes, "rounds": args.rounds,
                                          "prompts": args.prompts, "engines": out}))
