@@ -17,7 +17,13 @@ pytest.importorskip("transformers",
 
 from tiny_serving import priced_policy_text  # noqa: E402
 
-from adaptspec.tools.models.eagle import MANIFEST, EagleError, build_eagle  # noqa: E402
+from adaptspec.tools.models.eagle import (  # noqa: E402
+    MANIFEST,
+    EagleError,
+    build_eagle,
+    self_distill,
+    training_prompts,
+)
 
 # A head in seconds: its drafts only need to be accepted sometimes, so that speculation happens.
 STEPS, GEN_TOKENS, K = 150, 32, 3
@@ -55,6 +61,27 @@ def test_the_manifest_reports_training_and_measured_acceptance(heads: list[Path]
             assert after["reached"] == before["accepted"]
     cfg = json.loads((heads[0] / "config.json").read_text())
     assert cfg["architectures"] == ["EagleLlamaForCausalLM"] and cfg["num_hidden_layers"] == 1
+
+
+def test_batched_continuations_are_the_one_prompt_ones(tiny_models: dict) -> None:
+    """The build continues its prompts eight at a time, left-padded; each continuation is the
+    one `generate` gives that prompt alone (the readable reference, batch 1), to the token,
+    ends where it does, and carries the target's hidden states over the unpadded sequence."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from adaptspec.tools.models.selfdraft import load_target
+
+    target = tiny_models["target"]
+    model = load_target(Path(target))
+    prompts = training_prompts(AutoTokenizer.from_pretrained(target))["math"][:5]
+    alone = self_distill(model, prompts, GEN_TOKENS, batch=1)
+    together = self_distill(model, prompts, GEN_TOKENS, batch=4)  # groups of 4 and 1
+    assert len({len(p) for p in prompts}) > 1  # so the first group is padded
+    for (s1, h1, n1), (s2, h2, n2), p in zip(alone, together, prompts, strict=True):
+        assert n1 == n2 == len(p) and s1[:n1].tolist() == p
+        assert s2.tolist() == s1.tolist()
+        assert torch.equal(h1, h2) and h2.shape == (len(s2), model.config.hidden_size)
 
 
 def test_it_refuses_an_existing_folder_and_a_bad_target(tiny_models: dict, tmp_path: Path

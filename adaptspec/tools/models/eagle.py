@@ -47,6 +47,7 @@ EAGLE_VERSION = 1
 MANIFEST = "eagle.json"
 HELD_OUT = 2  # prompts per kind kept for the acceptance measurement
 GEN_TOKENS = 96
+GEN_BATCH = 8  # prompts continued together
 STEPS = 600
 LR = 1e-3
 CE_WEIGHT = 0.1  # EAGLE-1's weight of the token loss against the feature regression
@@ -132,21 +133,34 @@ def training_prompts(tokenizer: Any) -> dict[str, list[list[int]]]:
     return out
 
 
-def self_distill(model: Any, prompts: list[list[int]], gen_tokens: int
+def self_distill(model: Any, prompts: list[list[int]], gen_tokens: int, batch: int = GEN_BATCH
                  ) -> list[tuple[Any, Any, int]]:
     """Each prompt continued greedily by the target: (token ids [T], final hidden states
-    [T, H], prompt length)."""
+    [T, H], prompt length). Prompts go `batch` at a time, in their order, left-padded: on CPU a
+    decode step reads all the weights whatever the batch, so one prompt at a time spent most
+    of a build here. A continuation ends at its first end-of-sequence token (kept), as a
+    one-prompt `generate` ends; the hidden states are the target's over the unpadded
+    sequence."""
     import torch
 
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos if eos is not None
+                                                  else model.config.eos_token_id])
+    pad = min(eos)
     out = []
     with torch.no_grad():
-        for p in prompts:
-            ids = torch.tensor([p])
-            seq = model.generate(ids, attention_mask=torch.ones_like(ids),
-                                 max_new_tokens=gen_tokens, do_sample=False,
-                                 pad_token_id=model.config.eos_token_id)[0]
-            hid = model.model(input_ids=seq.unsqueeze(0)).last_hidden_state[0]
-            out.append((seq, hid, len(p)))
+        for start in range(0, len(prompts), batch):
+            group = prompts[start:start + batch]
+            width = max(len(p) for p in group)
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in group])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+            gen = model.generate(ids, attention_mask=mask, max_new_tokens=gen_tokens,
+                                 do_sample=False, pad_token_id=pad)[:, width:]
+            for p, g in zip(group, gen.tolist(), strict=True):
+                end = next((i + 1 for i, t in enumerate(g) if t in eos), len(g))
+                seq = torch.tensor(p + g[:end])
+                hid = model.model(input_ids=seq.unsqueeze(0)).last_hidden_state[0]
+                out.append((seq, hid, len(p)))
     return out
 
 
@@ -248,7 +262,7 @@ def build_eagle(target: Path | str, out: Path | str, *, steps: int = STEPS,
         "target_sha256": {p.name: sha256_file(p) for p in info.weight_files},
         "data": {"source": "adaptspec/tools/bench/prompts/trace.json",
                  "train_prompts": len(train), "held_out_per_kind": HELD_OUT,
-                 "gen_tokens": gen_tokens,
+                 "gen_tokens": gen_tokens, "gen_batch": GEN_BATCH,
                  "train_tokens": sum(len(s) for s, _, _ in train)},
         "train": {"steps": steps, "seed": seed, "lr": LR, "ce_weight": CE_WEIGHT,
                   "threads": threads, "first_loss": round(losses[0], 6),
