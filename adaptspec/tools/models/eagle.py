@@ -51,6 +51,7 @@ GEN_BATCH = 8  # prompts continued together
 STEPS = 600
 LR = 1e-3
 CE_WEIGHT = 0.1  # EAGLE-1's weight of the token loss against the feature regression
+GRAD_CLIP = 0.5  # EAGLE-1's gradient-norm clip: without it a build of the 0.5B's head diverged
 EVAL_K = 4
 EVAL_EVERY = 8  # measure drafting from every 8th generated position
 
@@ -250,9 +251,12 @@ def build_eagle(target: Path | str, out: Path | str, *, steps: int = STEPS,
             loss = _loss(head, embed, lm_head, seq, hid, labels[step % len(train)])
             opt.zero_grad()
             loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), GRAD_CLIP)
             opt.step()
             losses.append(float(loss.detach()))
-            if (step + 1) % max(steps // 5, 1) == 0:
+            if losses[-1] != losses[-1] or losses[-1] == float("inf"):
+                raise EagleError(f"training diverged at step {step + 1} (loss {losses[-1]})")
+            if (step + 1) % max(steps // 10, 1) == 0:
                 say(f"eagle: step {step + 1}/{steps}, loss {_recent(losses):.4f}")
         head.eval()
         acc = {kind: acceptance(head, embed, lm_head, seqs) for kind, seqs in held.items()}
@@ -265,6 +269,7 @@ def build_eagle(target: Path | str, out: Path | str, *, steps: int = STEPS,
                  "gen_tokens": gen_tokens, "gen_batch": GEN_BATCH,
                  "train_tokens": sum(len(s) for s, _, _ in train)},
         "train": {"steps": steps, "seed": seed, "lr": LR, "ce_weight": CE_WEIGHT,
+                  "grad_clip": GRAD_CLIP,
                   "threads": threads, "first_loss": round(losses[0], 6),
                   "final_loss": round(_recent(losses), 6)},
         "acceptance": acc,
