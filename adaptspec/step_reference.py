@@ -51,18 +51,21 @@ def feedback(ev: np.ndarray, kk: int, decay: float, cls: np.ndarray, records: np
 def posterior(ev: np.ndarray, kk: int, prior_min: float) -> np.ndarray:
     """fastpath.posterior (AcceptanceEstimator.posterior_sums says what), ev being the active
     classes' rows."""
+    # (libm's log and exp, the kernel's: numpy's SIMD ones, on AVX-512 machines, round some
+    # results differently in the last bit)
+    log, exp = np.vectorize(math.log, otypes=[float]), np.vectorize(math.exp, otypes=[float])
     succ, fail = ev[:, :kk], ev[:, kk: 2 * kk]
     pa, pb = ev[:, 2 * kk: 3 * kk], ev[:, 3 * kk:]
-    strength, prior_logit = pa + pb, np.log(pa / pb)
+    strength, prior_logit = pa + pb, log(pa / pb)
     out = np.empty((2 * kk, ev.shape[0]))
     shift = np.zeros(ev.shape[0])  # how far the position before moved from its prior
     for j in range(kk):
         # (within set_prior's bounds, so that a + b > a however far the shift went)
-        prior = strength[:, j] * np.clip(1.0 / (1.0 + np.exp(-(prior_logit[:, j] + shift))),
+        prior = strength[:, j] * np.clip(1.0 / (1.0 + exp(-(prior_logit[:, j] + shift))),
                                          prior_min, 1.0 - prior_min)
         a, t = prior + succ[:, j], strength[:, j] + succ[:, j] + fail[:, j]
         out[j], out[kk + j] = a, t
-        shift = np.log(a / (t - a)) - prior_logit[:, j]
+        shift = log(a / (t - a)) - prior_logit[:, j]
     return out
 
 
