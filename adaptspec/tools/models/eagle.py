@@ -26,6 +26,7 @@ place, as the self-draft is.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -145,8 +146,9 @@ def self_distill(model: Any, prompts: list[list[int]], gen_tokens: int, batch: i
     import torch
 
     eos = model.generation_config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [eos if eos is not None
-                                                  else model.config.eos_token_id])
+    if eos is None:
+        eos = model.config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
     pad = min(eos)
     out = []
     with torch.no_grad():
@@ -254,7 +256,7 @@ def build_eagle(target: Path | str, out: Path | str, *, steps: int = STEPS,
             torch.nn.utils.clip_grad_norm_(head.parameters(), GRAD_CLIP)
             opt.step()
             losses.append(float(loss.detach()))
-            if losses[-1] != losses[-1] or losses[-1] == float("inf"):
+            if not math.isfinite(losses[-1]):
                 raise EagleError(f"training diverged at step {step + 1} (loss {losses[-1]})")
             if (step + 1) % max(steps // 10, 1) == 0:
                 say(f"eagle: step {step + 1}/{steps}, loss {_recent(losses):.4f}")
