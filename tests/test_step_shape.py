@@ -123,3 +123,27 @@ def test_an_unmeasured_shape_is_priced_as_a_plain_step_of_as_many_rows() -> None
         m.partial_fit(2, 2, 1, 450.0)
     m.fit()
     assert abs(m.predict(2, 2, 1) - 450.0) < 0.05 * 450.0
+
+
+def test_speculating_steps_of_as_many_rows_price_an_unmeasured_shape() -> None:
+    """One user drafting alone (1 request, 1-4 drafts: 2-5 rows) measures what a step beside a
+    latency-critical request would run (2 requests, 2 drafts: 4 rows) before any such step
+    is drafted: that shape is priced from them, and cheaper than a plain step of 2 (on two
+    CPU cores a plain step of 2 is dearer than one of 4 rows), where the line through the
+    measured shapes would keep it dearer than plain."""
+    rng = np.random.default_rng(1)
+    m = StepCostModel(CostModel(preset="cpu", prior_weight=1.0, forgetting=0.999))
+    extra = 5.0  # what a speculating step costs beyond its rows (rejection sampling)
+    for _ in range(400):
+        b = int(rng.integers(1, 3))
+        s = int(rng.integers(1, 5)) if b == 1 and rng.random() < 0.7 else 0
+        m.partial_fit(b, s, s, (ROWS_MS[b + s] + (extra if s else 0.0))
+                      * rng.lognormal(0.0, 0.02))
+    m.fit()
+    assert m.shape_weight[2, 2] == 0  # never measured
+    assert m.predict(2, 2, 1) < 0.8 * m.predict(2, 0, 0)
+    # as far as 4 rows were measured, at the rows' time plus what a speculating step adds
+    target = ROWS_MS[4] + m.coef[4] + m.coef[3] * 1
+    line = float(step_time(m.coef_at(2), 2, 2, 1, m.knee))
+    unseen = OFFSET_PRIOR_STEPS / (m.rows_weight[4] + OFFSET_PRIOR_STEPS)
+    assert abs(m.predict(2, 2, 1) - target) <= (unseen + 0.05) * abs(line - target)
