@@ -258,24 +258,25 @@ class StepCostModel:
         b = np.minimum(np.maximum(x[:, 1].astype(np.int64), 0), TABLE_BATCHES)
         table = self.batch_table()
         self.coef = _nonnegative_solve(xtx, xty_prior + xw_t @ (y - table[b]), self._active)
+        resid = y - x @ self.coef  # what the terms leave, step by step
+        spec_tokens = x[:, 2].astype(np.int64)
         self.offset_weight = np.bincount(b, weights=decay, minlength=TABLE_BATCHES + 1)
-        self.offset_sum = np.bincount(b, weights=decay * (y - x @ self.coef),
-                                      minlength=TABLE_BATCHES + 1)
+        self.offset_sum = np.bincount(b, weights=decay * resid, minlength=TABLE_BATCHES + 1)
         # What both leave per (B, S) of the speculating steps (the batch table from this fit).
-        spec = x[:, 2] > 0
+        spec = spec_tokens > 0
         size = (SHAPE_BATCHES + 1) * (SHAPE_DRAFTS + 1)
         table = self.batch_table()
         cell = (np.minimum(b[spec], SHAPE_BATCHES) * (SHAPE_DRAFTS + 1)
-                + np.minimum(x[spec, 2].astype(np.int64), SHAPE_DRAFTS))
-        rest = y[spec] - x[spec] @ self.coef - table[b[spec]]
+                + np.minimum(spec_tokens[spec], SHAPE_DRAFTS))
+        rest = resid[spec] - table[b[spec]]
         self.shape_weight = np.bincount(cell, weights=decay[spec], minlength=size
                                         ).reshape(self.shape_weight.shape)
         self.shape_sum = np.bincount(cell, weights=decay[spec] * rest, minlength=size
                                      ).reshape(self.shape_sum.shape)
         # What each step leaves by its rows (B + S), written as a plain step of that many
         # rows would leave it (S draft tokens priced as S requests): `rows_prior`.
-        rows = np.minimum(b + x[:, 2].astype(np.int64), TABLE_BATCHES)
-        as_rows = y - x @ self.coef - (self.coef[1] - self.coef[2]) * x[:, 2]
+        rows = np.minimum(b + spec_tokens, TABLE_BATCHES)
+        as_rows = resid - (self.coef[1] - self.coef[2]) * x[:, 2]
         self.rows_weight = np.bincount(rows, weights=decay, minlength=TABLE_BATCHES + 1)
         self.rows_sum = np.bincount(rows, weights=decay * as_rows, minlength=TABLE_BATCHES + 1)
         return self

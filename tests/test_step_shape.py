@@ -114,7 +114,7 @@ def test_an_unmeasured_shape_is_priced_as_a_plain_step_of_as_many_rows() -> None
     target = ROWS_MS[4] + m.coef[4] + m.coef[3] * 1  # and what speculating adds beyond rows
     line = float(step_time(m.coef_at(2), 2, 2, 1, m.knee))
     # as far as the 4 rows were measured (their decayed weight against the table's prior)
-    unseen = OFFSET_PRIOR_STEPS / (m.offset_weight[4] + OFFSET_PRIOR_STEPS)
+    unseen = OFFSET_PRIOR_STEPS / (m.rows_weight[4] + OFFSET_PRIOR_STEPS)
     assert abs(m.predict(2, 2, 1) - target) <= (unseen + 0.02) * abs(line - target)
     assert m.predict(2, 2, 1) < m.predict(2, 0, 0)  # cheaper than plain: worth drafting
     formula = float(step_time(m.coef_at(4), 4, 3, 3, m.knee))
