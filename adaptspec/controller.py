@@ -173,7 +173,7 @@ class Controller(Learner):
     def _guard(self, slots: np.ndarray, drafted: Any, accepted: Any,
                step_time_s: float | None) -> bool:
         """Feed the payoff guard this step; may the next one speculate?"""
-        guard, p = self.guard, self.policy
+        guard = self.guard
         if guard is None:
             return True
         try:
@@ -188,12 +188,19 @@ class Controller(Learner):
                 len(slots), speculated, int(np.sum(accepted)),
                 None if step_time_s is None else step_time_s * 1e3,
                 bool((self.cls_kind[self.req_class[slots]] > 1).any()),
-                p.latency_critical_slack, self.guard_gates)
+                self.step_slack, self.guard_gates, self.latency_burst)
         except Exception:
             self._fault("payoff guard failed")
             return True
         self._metrics("record_payoff", hold, loss, guard.account_ms if self.guard_gates else None)
         return allow
+
+    def plain_reference_ms(self, n: int) -> float:
+        """The plain steps of about `n` requests this engine measured (the guard's estimate),
+        else the step-time model's: a latency budget is spent in measured time, so that a cost
+        model that prices drafts too low (or one fixed by the policy) cannot overspend it."""
+        measured = self.guard.plain_estimate(n) if self.guard is not None else None
+        return measured if measured else super().plain_reference_ms(n)
 
     def fallback_k(self, class_name: str) -> int:
         """The policy's fallback K for a class: within its k_max (0 for a latency-critical

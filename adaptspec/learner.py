@@ -115,6 +115,9 @@ class Learner:
         self.req_last_step = np.zeros(cap)
         self.req_prev_k = np.zeros(cap, dtype=np.int64)
         self.req_votes = np.zeros(cap, dtype=np.int64)
+        # A latency-critical request's unspent latency budget, ms (see _latency_slack)
+        self.req_budget_ms = np.zeros(cap)
+        self.step_slack = policy.latency_critical_slack  # what the last plan might spend
         self.req_id_of = [""] * cap
 
         self.cost = StepCostModel(policy.cost_model)
@@ -257,6 +260,7 @@ class Learner:
         self.req_id_of[slot] = req_id
         self.req_class[slot] = self.class_index(class_name)
         self.req_prev_k[slot] = self.req_votes[slot] = self.req_proposer[slot] = 0
+        self.req_budget_ms[slot] = 0.0
         self.req_k[slot], self.req_reason[slot] = 0, why.CODE[why.NEW_REQUEST]
         self.req_conf[slot] = self.req_alpha[slot] = self.req_value[slot] = np.nan
         self.req_last_step[slot] = self.steps + 1
@@ -336,6 +340,7 @@ class Learner:
         p, kk = self.policy, self.k_max
         self.req_proposer[slots] = self.req_k[slots] = 0
         lc = self.cls_kind[cls] > 1
+        slack = self.step_slack = self._latency_slack(slots[lc], n, spec_tokens, step_time_s)
         if kk == 0 or not np.count_nonzero(self.cls_k_max[cls]):  # no request may draft
             return np.zeros(n, dtype=np.int64), np.where(
                 lc, why.CODE[why.LATENCY_CRITICAL], why.CODE[why.CLASS_CAP])
@@ -369,8 +374,7 @@ class Learner:
         ks, _, inc, threshold, self.last_predicted_ms = fastpath.decide(
             post, self._row_k_min, self._row_k_max, self._row_kind, self._row_slo_ms,
             self.requests.shrinkage, sn, rows, explore, z, coef, self.cost.knee, shape_ms,
-            p.latency_critical_slack, p.hysteresis_steps, self.req_prev_k, self.req_votes,
-            slots)
+            slack, p.hysteresis_steps, self.req_prev_k, self.req_votes, slots)
         reasons = self._reasons(ks, cls, explore, inc, threshold)
         if self._probe_due(ks, rows):
             # The probe: the plan the decision makes if drafting costs probe_margin less than
@@ -385,7 +389,7 @@ class Learner:
             probe, _, p_inc, p_threshold, _ = fastpath.decide(
                 post, self._row_k_min, self._row_k_max, self._row_kind, self._row_slo_ms,
                 self.requests.shrinkage, sn, rows, explore, z, optimistic, self.cost.knee,
-                shape_ms, p.latency_critical_slack, 1, self.req_prev_k, self.req_votes, slots)
+                shape_ms, slack, 1, self.req_prev_k, self.req_votes, slots)
             if probe.any():
                 ks, inc, threshold = probe, p_inc, p_threshold
                 reasons = np.where(ks > 0, why.CODE[why.COST_PROBE], reasons)
@@ -398,11 +402,49 @@ class Learner:
             if lc.any():
                 trimmed = passcost.within_slack(
                     trimmed, inc, self.pass_ms[self.req_proposer[slots]], k_min,
-                    self.cost.coef_at(n), self.cost.knee, p.latency_critical_slack, plain_ms)
+                    self.cost.coef_at(n), self.cost.knee, slack, plain_ms)
             reasons = np.where(trimmed < ks, why.CODE[why.PASS_COST], reasons)
             ks = trimmed
         self._last_cut = (slots, rows, inc, threshold)
         return ks, reasons
+
+    def _latency_slack(self, critical: np.ndarray, n: int, spec_tokens: int,
+                       step_time_s: float | None) -> float:
+        """The slack over a plain step that the next step's plan may take, given the
+        latency-critical requests (slots) of the batch: each has a budget, which every
+        measured decode step it is in raises by latency_critical_slack x the plain step
+        (plain_reference_ms) and a step that verified drafts lowers by what it took over
+        that plain step (measured). The step may take the policy's slack plus the
+        smallest budget of the batch, at most latency_critical_burst; an overspent budget
+        keeps it plain until repaid. So over a request's steps the others' drafts slow it by
+        at most the slack on average (and one step by at most the burst), instead of capping
+        every step at the slack, where on a CPU a single draft token can cost more than a 2%
+        slack and none is ever drafted beside a latency-critical request."""
+        p = self.policy
+        slack = p.latency_critical_slack
+        if critical.size == 0:
+            return slack
+        plain = self.plain_reference_ms(n)
+        if not plain > 0:
+            return slack
+        burst = self.latency_burst
+        if step_time_s is not None and step_time_s > 0:
+            took = step_time_s * 1e3 - plain if spec_tokens > 0 else 0.0
+            self.req_budget_ms[critical] = np.minimum(
+                self.req_budget_ms[critical] + slack * plain - took, (burst - slack) * plain)
+        # (below 0 when overspent: then only plans priced faster than plain by as much)
+        return min(slack + float(self.req_budget_ms[critical].min()) / plain, burst)
+
+    @property
+    def latency_burst(self) -> float:
+        """The most one step beside a latency-critical request may take over plain."""
+        p = self.policy
+        return max(p.latency_critical_burst or 0.0, p.latency_critical_slack)
+
+    def plain_reference_ms(self, n: int) -> float:
+        """A plain step of `n` requests (ms), what latency budgets are counted in: the
+        step-time model's (the controller uses the plain steps it measured)."""
+        return self.cost.predict(n, 0, 0)
 
     def _probe_due(self, ks: np.ndarray, rows: np.ndarray) -> bool:
         """Is this step a cost probe's (see _step)? When the decision drafts nothing, the
@@ -504,7 +546,7 @@ class Learner:
         self.req_value[slots[known]] = values.T
         keep = self.cost.trim(self.outcome.correct(values, last_rows[cols[known]]),
                               lengths[known], last_slots.size, forced,
-                              self.policy.latency_critical_slack if lc else None)
+                              self.step_slack if lc else None)
         out[known] = keep  # (the trim never lengthens a draft)
         return out
 

@@ -218,18 +218,21 @@ class PayoffGuard:
         return mean > 1.0 + slack
 
     def step(self, batch: int, speculated: bool, accepted: int, step_ms: float | None,
-             latency_critical: bool, slack: float, gates: bool
+             latency_critical: bool, slack: float, gates: bool, burst: float | None = None
              ) -> tuple[bool, str | None, float | None]:
         """One engine step seen (`observe`); may the next speculate, why not (a hold reason:
         the guard's own, or "latency"), and the loss charged. Not gating, the guard only keeps
         its account and never holds, except that with a latency-critical request in the batch
-        measurements decide: the cost model may price a step with drafts within the slack of
-        plain decoding while the engine measures it slower."""
+        measurements decide: the cost model may price a step with drafts within what that
+        request allows (`burst`, the most one step may take over plain; default the slack)
+        while the engine measures such steps slower. `slack`: what the step just measured was
+        allowed, against which its loss is charged."""
         loss = self.observe(batch, speculated, accepted, step_ms,
                             latency_critical=latency_critical, slack=slack)
         allow = self.allow(batch) if gates else True
         hold = self.last_hold if gates else None
-        if allow and latency_critical and self.drafts_slow_steps(slack, batch):
+        if allow and latency_critical and self.drafts_slow_steps(
+                slack if burst is None else max(burst, slack), batch):
             allow, hold = False, "latency"
         return allow, hold, loss
 

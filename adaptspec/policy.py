@@ -241,8 +241,18 @@ class Policy(_Strict):
     )
     latency_critical_slack: float = Field(
         0.02, ge=0.0, le=1.0,
-        description="how much (relative) speculation by others may slow a step that carries a "
-        "latency-critical request",
+        description="how much (relative) speculation by others may slow a latency-critical "
+        "request's decoding, on average over its steps: each step it is in adds this share of "
+        "a plain step to its budget, and each step that drafts beside it spends what it took "
+        "over a plain step (measured)",
+    )
+    latency_critical_burst: float | None = Field(
+        None, ge=0.0, le=4.0,
+        description="the most (relative) one step carrying a latency-critical request may take "
+        "over a plain step, however much budget is left. Unset (or at the slack), the slack "
+        "caps every step; above it, steps may spend what earlier steps left unspent: fewer "
+        "drafting steps beside the request, with drafts that the slack alone would not fit "
+        "(on a CPU one draft token can cost more than 2% of a step)",
     )
     confidence_weight: float = Field(
         0.5, ge=0.0, le=1.0,
@@ -333,6 +343,12 @@ class Policy(_Strict):
             )
         if self.fallback_k > self.k_max:
             raise ValueError(f"fallback_k ({self.fallback_k}) exceeds k_max ({self.k_max})")
+        if (self.latency_critical_burst is not None
+                and self.latency_critical_burst < self.latency_critical_slack):
+            raise ValueError(
+                f"latency_critical_burst ({self.latency_critical_burst}) is below "
+                f"latency_critical_slack ({self.latency_critical_slack}): one step may always "
+                "take the slack")
         engines = self.latency_critical_engines
         if any(e < 0 for e in engines) or len(set(engines)) != len(engines):
             raise ValueError(f"latency_critical_engines {engines} must be distinct engine "

@@ -299,39 +299,79 @@ def test_the_account_is_kept_when_the_guard_does_not_gate() -> None:
     assert value(reg, "adaptspec_payoff_account_ms") == 0.0
 
 
-def test_a_latency_critical_request_gets_plain_steps_when_drafts_measure_slower() -> None:
-    """The controller's cost model prices drafts as free here; the engine measures steps with
-    drafts 10% slower than plain ones. Beside a latency-critical request (slack 2%) the next step
-    is then plain, with the guard off as on; alone, the code request keeps speculating."""
+def _beside_latency_critical(spec_ms: float, steps: int, slack: float = 0.02,
+                              token_ms: float = 0.0, **policy: object) -> tuple[list[int], str]:
+    """A code request beside a latency-critical one, `steps` steps after four plain ones. The
+    controller's cost model is fixed (not learned) and prices a draft token at `token_ms`; the
+    engine measures a plain step of 2 at 100 ms and one with K drafts at `spec_ms` + K x
+    `token_ms`. Returns the code request's K for each step and the metrics' text."""
     from prometheus_client import CollectorRegistry, generate_latest
 
     from adaptspec.metrics import Metrics
 
-    def run(spec_ms: float) -> tuple[dict[str, int], str]:
-        reg = CollectorRegistry()
-        policy = Policy(classes={"code": ClassPolicy(prior_acceptance=0.9),
-                                 "lc": ClassPolicy(latency_critical=True)},
-                        default_class="code", exploration=0.0, hysteresis_steps=1,
-                        latency_critical_slack=0.02, payoff=Payoff(enabled=False),
-                        cost_model=CostModel(base_ms=10, per_draft_token_ms=0.0,
-                                             spec_overhead_ms=0.0, learn=False))
-        rt = AdaptiveRuntime(policy, k_cap=4, metrics=Metrics(policy.max_classes, policy.k_max,
-                                                              registry=reg))
-        rt.admit("a", RequestInfo())
-        rt.admit("i", RequestInfo(extra_args={"adaptspec_class": "lc"}))
-        for _ in range(4):
-            rt.step(["a", "i"], [0, 0], [0, 0], 0.1)  # plain steps of 2: 100 ms
-        for n in range(1, 9):  # the guard judges after 8 measured steps with drafts
-            held = n == 8 and spec_ms > 102
-            assert rt.step(["a", "i"], [4, 0], [0, 0], spec_ms / 1e3) == \
-                {"a": 0 if held else 4, "i": 0}
-        return rt.step(["a"], [0], [0], 0.1), generate_latest(reg).decode()
+    reg = CollectorRegistry()
+    p = Policy(classes={"code": ClassPolicy(prior_acceptance=0.9),
+                        "lc": ClassPolicy(latency_critical=True)},
+               default_class="code", exploration=0.0, hysteresis_steps=1,
+               latency_critical_slack=slack, payoff=Payoff(enabled=False),
+               cost_model=CostModel(base_ms=100, per_request_ms=0.0,
+                                    per_draft_token_ms=token_ms, spec_overhead_ms=0.0,
+                                    learn=False), **policy)
+    rt = AdaptiveRuntime(p, k_cap=4, metrics=Metrics(p.max_classes, p.k_max, registry=reg))
+    rt.admit("a", RequestInfo())
+    rt.admit("i", RequestInfo(extra_args={"adaptspec_class": "lc"}))
+    for _ in range(4):
+        rt.step(["a", "i"], [0, 0], [0, 0], 0.1)
+    ks, k = [], 0
+    for _ in range(steps):
+        ms = spec_ms + k * token_ms if k else 100.0
+        k = rt.step(["a", "i"], [k, 0], [k // 2, 0], ms / 1e3)["a"]
+        ks.append(k)
+    return ks, generate_latest(reg).decode()
 
-    alone, text = run(110.0)
-    assert alone == {"a": 4}  # no latency-critical request: speculation goes on
+
+def test_a_latency_critical_request_is_slowed_by_the_slack_on_average() -> None:
+    """Steps with drafts measure 10% slower than plain ones, though the cost model prices
+    drafts as free. Beside a latency-critical request (slack 2%, burst 25%) the code request
+    drafts on
+    about one step in five: each step adds 2% of a plain step to that request's budget, and a
+    step with drafts spends the 10% it measured. So the request's steps average at most the
+    slack over plain, plus what one drafted step overspends; and the budget is spent, not
+    left: at the end less than one drafted step and one step's 2 ms remain unspent."""
+    steps, plain, extra, slack = 200, 100.0, 10.0, 0.02
+    ks, text = _beside_latency_critical(plain + extra, steps, latency_critical_burst=0.25)
+    drafted = sum(1 for k in ks if k)
+    # the last plan's drafts never ran: their step is not counted
+    spent = extra * (drafted - (1 if ks[-1] else 0))
+    assert spent <= slack * plain * steps + extra
+    assert spent >= slack * plain * steps - extra - slack * plain
+    assert max(ks) == 4  # a drafted step takes the whole draft: its shape is priced free
+    assert 'reason="latency"' not in text  # 1.1x plain is within the burst
+
+
+def test_a_step_over_the_burst_holds_drafts_beside_a_latency_critical_request() -> None:
+    """The budget bounds the average; `latency_critical_burst` bounds one step. Drafted steps
+    measured over it (1.3x plain; the burst unset is the slack, 20%) hold the drafts of steps
+    with a latency-critical request, whatever budget is left; with a burst of 40% they go on."""
+    ks, text = _beside_latency_critical(130.0, 40, slack=0.2)
     assert 'reason="latency"' in text
-    _, text = run(101.0)  # within the slack: never held
+    assert ks[-10:] == [0] * 10
+    ks, text = _beside_latency_critical(130.0, 40, slack=0.2, latency_critical_burst=0.4)
     assert 'reason="latency"' not in text
+    assert sum(1 for k in ks if k) >= 2
+
+
+def test_the_burst_caps_the_step_a_plan_may_take() -> None:
+    """A cost model that prices each draft token at its measured 2.5% of a plain step. With a
+    burst of 25% the budget buys a draft of 4 (10%) now and then, and plain steps between;
+    with the burst at the slack
+    (2%, as when it is unset) no draft token fits any step, however much budget is left: the
+    slack is then a cap on every step."""
+    ks, _ = _beside_latency_critical(100.0, 60, token_ms=2.5, latency_critical_burst=0.25)
+    assert max(ks) == 4 and 0 in ks
+    for burst in (0.02, None):
+        ks, _ = _beside_latency_critical(100.0, 60, token_ms=2.5, latency_critical_burst=burst)
+        assert set(ks) == {0}
 
 
 def test_the_latency_check_judges_drafts_at_about_the_batch_size() -> None:

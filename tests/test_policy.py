@@ -56,6 +56,8 @@ def _write(tmp_path: Path, text: str) -> Path:
          ["latency_critical", "k_min"]),
         ("classes: {other: {}}\ndefault_class: other\n", ["reserved"]),
         ("exploration: 2\n", ["exploration", "0.5", "2"]),
+        ("latency_critical_slack: 0.05\nlatency_critical_burst: 0.02\n",
+         ["latency_critical_burst (0.02) is below latency_critical_slack (0.05)"]),
         ("- just\n- a list\n", ["mapping"]),
         ("classes: {code: [\n", ["not valid YAML"]),
     ],
