@@ -40,14 +40,14 @@ from typing import Any
 DEFAULT_MODEL = "~/.cache/adaptspec/models/qwen/draft"
 
 
-def build(mode: str, model: str, eagle: str | None = None) -> Any:
+def build(mode: str, model: str, eagle: str | None = None, max_num_seqs: int = 4) -> Any:
     from vllm import LLM
 
     from adaptspec.serve import PROPOSERS
 
     kw: dict[str, Any] = dict(model=os.path.expanduser(model), dtype="float32",
-                              max_model_len=2048, max_num_seqs=4, enforce_eager=True, seed=0,
-                              distributed_executor_backend="uni")
+                              max_model_len=2048, max_num_seqs=max_num_seqs, enforce_eager=True,
+                              seed=0, distributed_executor_backend="uni")
     if mode.startswith("ngram"):
         kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": int(mode[5:]),
                                     "prompt_lookup_min": 2, "prompt_lookup_max": 4}
