@@ -419,15 +419,15 @@ class Learner:
         keeps it plain until repaid. So over a request's steps the others' drafts slow it by
         at most the slack on average (and one step by at most the burst), instead of capping
         every step at the slack, where on a CPU a single draft token can cost more than a 2%
-        slack and none is ever drafted beside a latency-critical request."""
+        slack and none is ever drafted beside a latency-critical request. Without a burst
+        over the slack, the slack caps every step and no budget is kept."""
         p = self.policy
-        slack = p.latency_critical_slack
-        if critical.size == 0:
+        slack, burst = p.latency_critical_slack, self.latency_burst
+        if critical.size == 0 or burst <= slack:  # (no burst: the slack caps every step)
             return slack
         plain = self.plain_reference_ms(n)
         if not plain > 0:
             return slack
-        burst = self.latency_burst
         if step_time_s is not None and step_time_s > 0:
             took = step_time_s * 1e3 - plain if spec_tokens > 0 else 0.0
             self.req_budget_ms[critical] = np.minimum(
