@@ -241,10 +241,10 @@ class Policy(_Strict):
     )
     latency_critical_slack: float = Field(
         0.02, ge=0.0, le=1.0,
-        description="how much (relative) speculation by others may slow a latency-critical "
-        "request's decoding, on average over its steps: each step it is in adds this share of "
-        "a plain step to its budget, and each step that drafts beside it spends what it took "
-        "over a plain step (measured)",
+        description="how much (relative) speculation by others may slow a step that carries a "
+        "latency-critical request; with latency_critical_burst above it, on average over that "
+        "request's steps: each step it is in adds this share of a plain step to its budget, "
+        "and each step that drafts beside it spends what it took over a plain step (measured)",
     )
     latency_critical_burst: float | None = Field(
         None, ge=0.0, le=4.0,
