@@ -224,7 +224,8 @@ class PayoffGuard:
         the guard's own, or "latency"), and the loss charged. Not gating, the guard only keeps
         its account and never holds, except that with a latency-critical request in the batch
         measurements decide: the cost model may price a step with drafts within what that
-        request allows (`burst`, the most one step may take over plain; default the slack)
+        request allows (`burst`, the most one step may take over plain, Learner.latency_burst;
+        default the slack)
         while the engine measures such steps slower. `slack`: what the step just measured was
         allowed, against which its loss is charged."""
         loss = self.observe(batch, speculated, accepted, step_ms,
@@ -232,7 +233,7 @@ class PayoffGuard:
         allow = self.allow(batch) if gates else True
         hold = self.last_hold if gates else None
         if allow and latency_critical and self.drafts_slow_steps(
-                slack if burst is None else max(burst, slack), batch):
+                slack if burst is None else burst, batch):
             allow, hold = False, "latency"
         return allow, hold, loss
 

@@ -86,17 +86,19 @@ def main(argv: list[str] | None = None) -> int:
             if i is not None:
                 va.append([len(d), len(out.sampled_token_ids[i]) - 1])
         classes = {r: _class(sched, r) for r in so.num_scheduled_tokens}
+        code_step = "code" in classes.values()
         # a decode step of the latency-critical request (one token: not its prefill) beside
         # a code request
-        lc = "code" in classes.values() and any(
-            n == 1 and classes[r] == "interactive" for r, n in so.num_scheduled_tokens.items())
+        lc = code_step and any(n == 1 and classes[r] == "interactive"
+                               for r, n in so.num_scheduled_tokens.items())
         log.append({"verified_accepted": va, "ms": round((now - last[0]) * 1e3, 2), "lc": lc,
-                    "code": "code" in classes.values(), **cur})
+                    "code": code_step, **cur})
         cur.clear()
         last[0] = now
         return update_output(so, out)
 
     sched.update_draft_token_ids, sched.update_from_output = logged_drafts, logged_output
+
     def params(cls: str, tokens: int = 32) -> Any:
         return SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True,
                               extra_args={"adaptspec_class": cls})
