@@ -11,7 +11,11 @@ and whether it decoded the latency-critical request beside a code one) and the t
 the code requests' time (the steps that ran one), and the mean time of the steps the
 latency-critical request shared with them (its gap between tokens there).
 
-    python bench/code_phase.py adaptspec|ngram4|plain [1|4] [--lc] [--burst B] [--json OUT]
+    python bench/code_phase.py adaptspec|ngram4|plain [1|4] [--lc] [--burst B] [--kind K]
+        [--json OUT]
+
+`--kind K`: another kind of the trace's prompts instead of code (writing, math, roleplay), sent
+as its class.
 
 `--burst B`: adaptspec with the bench policy's `latency_critical_burst` set to B (0.25 as
 shipped: its 5% slack spent over the latency-critical request's steps, docs/design.md; 0.05,
@@ -41,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("users", nargs="?", type=int, default=1, choices=(1, 4))
     ap.add_argument("--lc", action="store_true")
     ap.add_argument("--burst", type=float, default=None)
+    ap.add_argument("--kind", default="code", help="the trace's prompts of this kind "
+                    "(code, writing, math, roleplay), sent as its class")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -60,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     llm = engine_ab.build(args.mode, TARGET, max_num_seqs=5 if args.lc else 4)
     trace = load_trace()
-    code = [d["prompt"] for d in trace["code"]]
+    code = [d["prompt"] for d in trace[args.kind]]
     quick = trace["interactive"]
     sched = llm.llm_engine.engine_core.engine_core.scheduler
     log: list[dict[str, Any]] = []
@@ -86,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             if i is not None:
                 va.append([len(d), len(out.sampled_token_ids[i]) - 1])
         classes = {r: _class(sched, r) for r in so.num_scheduled_tokens}
-        code_step = "code" in classes.values()
+        code_step = args.kind in classes.values()
         # a decode step of the latency-critical request (one token: not its prefill) beside
         # a code request
         lc = code_step and any(n == 1 and classes[r] == "interactive"
@@ -106,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     batches = [code[i:i + 1] for i in range(3)] if args.users == 1 else [code[3:11]]
     t0 = time.perf_counter()
     for j, batch in enumerate(batches):
-        prompts, sps = batch, [params("code")] * len(batch)
+        prompts, sps = batch, [params(args.kind)] * len(batch)
         if args.lc:  # as many tokens as the batch's requests decode, one after another
             tokens = 32 * -(-len(batch) // 4)
             prompts, sps = [*batch, quick[j % len(quick)]], [*sps, params("interactive", tokens)]
@@ -118,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     lc_ms = [s["ms"] for s in log if s["lc"]]
     # the code requests' time: the steps that ran one (the latency-critical request may run on)
     code_s = sum(s["ms"] for s in log if s["code"]) / 1e3
-    result = {"mode": args.mode, "users": args.users, "lc": args.lc, "burst": args.burst,
+    result = {"mode": args.mode, "kind": args.kind, "users": args.users, "lc": args.lc,
+              "burst": args.burst,
               "seconds": round(seconds, 2), "code_seconds": round(code_s, 2),
               "steps": len(log), "verified": verified,
               "accepted": accepted,
