@@ -149,6 +149,18 @@ def shapes(steps: list[list[Any]], batch: int = 4, by_requests: bool = False
             for d, v in sorted(by.items())}
 
 
+def by_batch(steps: list[list[Any]]) -> dict[int, tuple[int, float, int]]:
+    """Decode steps (no prefill) by requests in the batch: (count, seconds, tokens made). A
+    round ends draining: its last requests run in smaller batches, and a configuration whose
+    requests finish unevenly spends longer there (steps cost about the same at 1-4 requests)."""
+    by: dict[int, list[Any]] = collections.defaultdict(list)
+    for n, _drafts, prefill, ms, *more in steps:
+        if not prefill and len(more) > 1:
+            by[n].append((ms, more[1]))
+    return {n: (len(v), sum(x for x, _ in v) / 1e3, sum(t for _, t in v))
+            for n, v in sorted(by.items())}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("modes", nargs="+")
@@ -214,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         print("  at 4 requests, requests drafting: count x ms (tokens made)  " + "  ".join(
             f"{d}: {n} x {ms:.0f} ({t:.2f})"
             for d, (n, ms, t) in shapes(out[m]["steps"], by_requests=True).items()))
+        print("  decode steps by requests: count, s, tokens/s  " + "  ".join(
+            f"{n}: {c}, {sec:.1f} s, {t / sec:.1f}" for n, (c, sec, t)
+            in by_batch(out[m]["steps"]).items() if sec > 0))
         at4 = [s for s in out[m]["steps"] if s[0] == 4 and not s[2] and len(s) > 6]
         if at4 and any(s[6] for s in at4):
             print(f"  at 4 requests, the drafter's share: {statistics.fmean(s[6] for s in at4):.0f}"
