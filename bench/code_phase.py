@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     llm = engine_ab.build(args.mode, TARGET, max_num_seqs=5 if args.lc else 4)
     trace = load_trace()
-    code = [d["prompt"] for d in trace[args.kind]]
+    kind_prompts = [d["prompt"] for d in trace[args.kind]]
     quick = trace["interactive"]
     sched = llm.llm_engine.engine_core.engine_core.scheduler
     log: list[dict[str, Any]] = []
@@ -92,13 +92,13 @@ def main(argv: list[str] | None = None) -> int:
             if i is not None:
                 va.append([len(d), len(out.sampled_token_ids[i]) - 1])
         classes = {r: _class(sched, r) for r in so.num_scheduled_tokens}
-        code_step = args.kind in classes.values()
+        kind_step = args.kind in classes.values()
         # a decode step of the latency-critical request (one token: not its prefill) beside
-        # a code request
-        lc = code_step and any(n == 1 and classes[r] == "interactive"
+        # a request of the kind run
+        lc = kind_step and any(n == 1 and classes[r] == "interactive"
                                for r, n in so.num_scheduled_tokens.items())
         log.append({"verified_accepted": va, "ms": round((now - last[0]) * 1e3, 2), "lc": lc,
-                    "code": code_step, **cur})
+                    "code": kind_step, **cur})
         cur.clear()
         last[0] = now
         return update_output(so, out)
@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         return SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True,
                               extra_args={"adaptspec_class": cls})
 
-    batches = [code[i:i + 1] for i in range(3)] if args.users == 1 else [code[3:11]]
+    batches = ([kind_prompts[i:i + 1] for i in range(3)] if args.users == 1
+               else [kind_prompts[3:11]])
     t0 = time.perf_counter()
     for j, batch in enumerate(batches):
         prompts, sps = batch, [params(args.kind)] * len(batch)

@@ -152,7 +152,7 @@ def shapes(steps: list[list[Any]], batch: int = 4, by_requests: bool = False
 def by_batch(steps: list[list[Any]]) -> dict[int, tuple[int, float, int]]:
     """Decode steps (no prefill) by requests in the batch: (count, seconds, tokens made). A
     round ends draining: its last requests run in smaller batches, whose steps cost about what
-    a step of 4 requests does on this CPU, so a configuration's full-batch rate is apart."""
+    a step of 4 requests does on this CPU; apart, the full batch's tokens/s compare."""
     by: dict[int, list[Any]] = collections.defaultdict(list)
     for n, _drafts, prefill, ms, *more in steps:
         if not prefill and len(more) > 1:
