@@ -85,7 +85,7 @@ class Learner:
         # What each row's proposer confidence is worth (see `cut`)
         self.confidence = ConfidenceCalibration(n_cls * n_prop, forgetting=policy.forgetting)
         # What the values the trim kept drafts at turned into (see `cut`)
-        self.outcome = OutcomeCalibration(n_cls * n_prop)
+        self.outcome = OutcomeCalibration(n_cls * n_prop, positions=self.k_max)
         for name in policy.classes:
             self._register_class(name, name)
         self._other = self._register_class(OTHER_CLASS, policy.default_class)
