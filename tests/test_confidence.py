@@ -84,9 +84,9 @@ def test_outcomes_undo_the_winners_curse_of_the_values_tokens_were_kept_at() -> 
     """Every draft token is accepted at 0.7 given the one before, but each draft's estimate is
     noisy and the trim keeps a token only while its value (the running product) is at least
     0.3: tokens kept at high values are accepted below them, and each value bin mixes early
-    tokens of doubtful drafts with late tokens of confident ones. Per (first or later position,
-    value bin), accepted over expected is learned within sampling error, and the corrected
-    values of each cell match what its tokens turned into, staying running products."""
+    tokens of doubtful drafts with late tokens of confident ones. Per (draft position, value
+    bin), accepted over expected is learned within sampling error, and the corrected values of
+    each cell match what its tokens turned into, staying running products."""
     rng = np.random.default_rng(3)
     cal = OutcomeCalibration(1, window=1e9)
     k = 6
@@ -104,11 +104,11 @@ def test_outcomes_undo_the_winners_curse_of_the_values_tokens_were_kept_at() -> 
     vals = np.concatenate([v[kp] for v, kp, _ in seen])
     hits = np.concatenate([h[kp] for _, kp, h in seen])
     fixed = np.concatenate([cal.correct(v.T, rows).T[kp] for v, kp, _ in seen])
-    later = np.concatenate([np.broadcast_to(np.arange(k) > 0, kp.shape)[kp]
-                            for _, kp, _ in seen])
-    cell = later * cal.bins + np.minimum((vals * cal.bins).astype(int), cal.bins - 1)
+    position = np.concatenate([np.broadcast_to(np.arange(k), kp.shape)[kp]
+                               for _, kp, _ in seen])
+    cell = position * cal.bins + np.minimum((vals * cal.bins).astype(int), cal.bins - 1)
     ratio = cal.ratio(np.array([0]))[0].ravel()
-    counts = np.bincount(cell, minlength=2 * cal.bins)
+    counts = np.bincount(cell, minlength=cal.positions * cal.bins)
     busy = np.flatnonzero(counts >= 200)
     top_later = busy[busy >= cal.bins].max()
     assert ratio[top_later] < 0.9, ratio  # the curse: the highest values ran highest
@@ -120,6 +120,41 @@ def test_outcomes_undo_the_winners_curse_of_the_values_tokens_were_kept_at() -> 
         assert abs(fixed[m].mean() - p) < 3 * se + 0.02, (c, fixed[m].mean(), p)
     draft = cal.correct((0.9 ** np.arange(1, k + 1))[:, None], np.array([0]))[:, 0]
     assert (np.diff(draft) <= 0).all() and draft.max() <= 1.0
+
+
+def test_outcomes_are_learned_per_draft_position_and_a_thin_cell_leans_on_the_one_before(
+        ) -> None:
+    """A match that breaks: each draft's first two tokens are accepted at 0.8 given the one
+    before, the later ones at 0.4, while the values say a constant rate (the draft's estimate,
+    0.5-0.95, to the power of the position). Tokens of one value bin then turn out very
+    differently by position (a second token valued 0.3-0.4 is accepted near 0.64, a fourth near
+    0.10), which cells of first-or-later position would average. Each position's corrected
+    values match what its tokens turned into; positions no token reached take the ratios of the
+    deepest one measured."""
+    rng = np.random.default_rng(5)
+    cal = OutcomeCalibration(1, window=1e9, positions=8)
+    k = 5
+    cond = np.array([0.8, 0.8, 0.4, 0.4, 0.4])
+    seen: list[tuple[np.ndarray, np.ndarray]] = []  # values, accepted (every token verified)
+    for _ in range(400):
+        est = rng.uniform(0.5, 0.95, 16)
+        values = est[:, None] ** np.arange(1, k + 1)[None, :]  # [16, k]
+        acc = np.cumprod(rng.random((16, k)) < cond, axis=1).sum(axis=1)
+        cal.partial_fit(np.zeros(16, dtype=np.int64), values, np.full(16, k), acc)
+        seen.append((values, np.arange(k)[None, :] < acc[:, None]))
+    rows = np.zeros(16, dtype=np.int64)
+    fixed = np.concatenate([cal.correct(v.T, rows).T for v, _ in seen])  # [n, k]
+    hits = np.concatenate([h for _, h in seen])
+    vals = np.concatenate([v for v, _ in seen])
+    for j in range(k):
+        p = hits[:, j].mean()
+        se = np.sqrt(p * (1 - p) / hits.shape[0])
+        assert abs(fixed[:, j].mean() - p) < 3 * se + 0.02, (j, fixed[:, j].mean(), p)
+    in_bin = (vals >= 0.3) & (vals < 0.4)
+    second, fourth = hits[:, 1][in_bin[:, 1]].mean(), hits[:, 3][in_bin[:, 3]].mean()
+    assert second > 0.5 and fourth < 0.2, (second, fourth)  # the bias planted: same bin
+    ratio = cal.ratio(np.array([0]))[0]
+    np.testing.assert_array_equal(ratio[k:], np.broadcast_to(ratio[k - 1], ratio[k:].shape))
 
 
 def _controller(weight: float = 0.5) -> Controller:
