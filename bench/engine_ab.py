@@ -11,6 +11,7 @@ and the steps at 4 requests are printed by draft tokens and by requests drafting
 configuration's steps cost, and how often.
 
     python bench/engine_ab.py ngram2 adaptspec [--rounds 4] [--prompts 16] [--json OUT]
+        [--price REF.json ...] [--load RUN.json]
 
 Modes: `plain` (vLLM without speculation), `ngramK` (vLLM's n-gram, static K, lookup 2-4),
 `eagleK` (vLLM's eagle over `--eagle HEAD`, a head of `--model`, static K),
@@ -161,6 +162,36 @@ def by_batch(steps: list[list[Any]]) -> dict[int, tuple[int, float, int]]:
             for n, v in sorted(by.items())}
 
 
+def step_table(runs: list[dict[str, Any]]) -> dict[tuple[int, int], float]:
+    """Median ms of the decode steps (no prefill) of saved runs (`--json` files), per
+    (requests, rows): rows are requests + draft tokens, what the kernels run as one shape."""
+    by: dict[tuple[int, int], list[float]] = collections.defaultdict(list)
+    for run in runs:
+        for res in run["engines"].values():
+            for n, drafts, prefill, ms, *_ in res["steps"]:
+                if not prefill:
+                    by[(n, n + drafts)].append(ms)
+    return {k: statistics.median(v) for k, v in by.items()}
+
+
+def priced(steps: list[list[Any]], table: dict[tuple[int, int], float]) -> float | None:
+    """Decode tokens/s had every decode step cost the table's median for its (requests, rows)
+    (a shape the table lacks: the nearest rows it has at that many requests): the engines'
+    choices compared on one machine state, which a shared machine's drift of 10-15% between
+    runs hides. None without the tokens made or a table entry at some batch size."""
+    seconds = made = 0.0
+    for n, drafts, prefill, _ms, *more in steps:
+        if prefill:
+            continue
+        rows = [r for b, r in table if b == n]
+        if len(more) < 2 or not rows:
+            return None
+        near = min(rows, key=lambda r: (abs(r - n - drafts), r))
+        seconds += table[(n, near)] / 1e3
+        made += more[1]
+    return made / seconds if seconds else None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("modes", nargs="+")
@@ -169,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--eagle", default=None, help="an EAGLE head of --model, for eagleK modes")
+    ap.add_argument("--price", type=Path, nargs="+", default=None,
+                    help="saved runs (--json files) whose decode steps price every engine's "
+                         "steps, by (requests, rows): its choices on one machine state")
+    ap.add_argument("--load", type=Path, default=None,
+                    help="a saved run (--json) to report again instead of running the modes")
     ap.add_argument("--side", nargs=2, help=argparse.SUPPRESS)  # (one engine's process)
     args = ap.parse_args(argv)
     if len(set(args.modes)) != len(args.modes):
@@ -176,6 +212,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.side:
         engine(args.side[0], args.modes, args, Path(args.side[1]))
         return 0
+    if args.load:
+        out: dict[str, Any] = json.loads(args.load.read_text())["engines"]
+    else:
+        out = run_engines(args)
+        if not out:
+            return 1
+    table = step_table([json.loads(p.read_text()) for p in args.price]) if args.price else {}
+    report(out, args.modes, table)
+    if args.json and not args.load:
+        args.json.write_text(json.dumps({"modes": args.modes, "rounds": args.rounds,
+                                         "prompts": args.prompts, "engines": out}))
+    return 0
+
+
+def run_engines(args: argparse.Namespace) -> dict[str, Any]:
+    """Each mode's engine in a process of its own, taking turns; their results by mode ({}
+    when one failed)."""
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         turn = Path(tmp) / "turn"
@@ -208,16 +261,23 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{m} engine failed (exit {p.returncode})", file=sys.stderr)
                 for q in procs.values():
                     q.kill()
-                return 1
+                return {}
             out[m] = json.loads(lines[-1][len("RESULT "):])
-    base = out[args.modes[0]]
-    for m in args.modes:
+    return out
+
+
+def report(out: dict[str, Any], modes: list[str], table: dict[tuple[int, int], float]) -> None:
+    """Per engine: its rounds against the first mode's, its steps by shape, and (with a
+    `table`, `step_table`) its decode tokens/s priced by it."""
+    base = out[modes[0]]
+    base_priced = priced(base["steps"], table) if table else None
+    for m in modes:
         r = [b / s for b, s in zip(base["seconds"], out[m]["seconds"], strict=True)]
         out[m]["paired"] = {"median": statistics.median(r), "min": min(r), "max": max(r)}
         total = sum(s[3] for s in out[m]["steps"]) / 1e3
         pre = [s for s in out[m]["steps"] if s[2]]
         print(f"{m}: {statistics.median(out[m]['seconds']):.2f} s a round, "
-              f"x{args.modes[0]} {statistics.median(r):.3f} (rounds {min(r):.3f}-{max(r):.3f}),"
+              f"x{modes[0]} {statistics.median(r):.3f} (rounds {min(r):.3f}-{max(r):.3f}),"
               f" same tokens: {out[m]['tokens'] == base['tokens']}; steps {len(out[m]['steps'])}"
               f" {total:.1f} s, with a prefill {len(pre)} {sum(s[3] for s in pre) / 1e3:.1f} s")
         print("  at 4 requests, draft tokens: count x ms (tokens made)  " + "  ".join(
@@ -233,10 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         if at4 and any(s[6] for s in at4):
             print(f"  at 4 requests, the drafter's share: {statistics.fmean(s[6] for s in at4):.0f}"
                   f" ms of a {statistics.fmean(s[3] for s in at4):.0f} ms step ({len(at4)} steps)")
-    if args.json:
-        args.json.write_text(json.dumps({"modes": args.modes, "rounds": args.rounds,
-                                         "prompts": args.prompts, "engines": out}))
-    return 0
+        if table and (p := priced(out[m]["steps"], table)) is not None:
+            ratio = f", x{modes[0]} {p / base_priced:.3f}" if base_priced else ""
+            print(f"  priced by the reference steps: {p:.2f} decode tokens/s{ratio}")
 
 
 if __name__ == "__main__":
