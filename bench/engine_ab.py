@@ -13,6 +13,11 @@ configuration's steps cost, and how often.
     python bench/engine_ab.py ngram2 adaptspec [--rounds 4] [--prompts 16] [--json OUT]
         [--price REF.json ...] [--load RUN.json]
 
+`--price`: each engine's decode tokens/s also priced by saved runs' median step time per
+(requests, rows), so the engines' choices compare at one machine state (this shared machine
+drifts by 10-15% between runs, more than the effects sought); `--load` reports a saved run
+again instead of running the modes.
+
 Modes: `plain` (vLLM without speculation), `ngramK` (vLLM's n-gram, static K, lookup 2-4),
 `eagleK` (vLLM's eagle over `--eagle HEAD`, a head of `--model`, static K),
 `adaptspec` or `adaptspec=POLICY` (adaptspec over its own n-gram proposer, K <= 8;
