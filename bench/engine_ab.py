@@ -184,14 +184,16 @@ def priced(steps: list[list[Any]], table: dict[tuple[int, int], float]) -> float
     (a shape the table lacks: the nearest rows it has at that many requests): the engines'
     choices compared on one machine state, which a shared machine's drift of 10-15% between
     runs hides. None without the tokens made or a table entry at some batch size."""
+    rows: dict[int, list[int]] = collections.defaultdict(list)  # the table's rows by batch
+    for b, r in table:
+        rows[b].append(r)
     seconds = made = 0.0
     for n, drafts, prefill, _ms, *more in steps:
         if prefill:
             continue
-        rows = [r for b, r in table if b == n]
-        if len(more) < 2 or not rows:
+        if len(more) < 2 or not rows.get(n):
             return None
-        near = min(rows, key=lambda r: (abs(r - n - drafts), r))
+        near = min(rows[n], key=lambda r: (abs(r - n - drafts), r))
         seconds += table[(n, near)] / 1e3
         made += more[1]
     return made / seconds if seconds else None
@@ -275,7 +277,7 @@ def report(out: dict[str, Any], modes: list[str], table: dict[tuple[int, int], f
     """Per engine: its rounds against the first mode's, its steps by shape, and (with a
     `table`, `step_table`) its decode tokens/s priced by it."""
     base = out[modes[0]]
-    base_priced = priced(base["steps"], table) if table else None
+    prices = {m: priced(out[m]["steps"], table) if table else None for m in modes}
     for m in modes:
         r = [b / s for b, s in zip(base["seconds"], out[m]["seconds"], strict=True)]
         out[m]["paired"] = {"median": statistics.median(r), "min": min(r), "max": max(r)}
@@ -298,8 +300,8 @@ def report(out: dict[str, Any], modes: list[str], table: dict[tuple[int, int], f
         if at4 and any(s[6] for s in at4):
             print(f"  at 4 requests, the drafter's share: {statistics.fmean(s[6] for s in at4):.0f}"
                   f" ms of a {statistics.fmean(s[3] for s in at4):.0f} ms step ({len(at4)} steps)")
-        if table and (p := priced(out[m]["steps"], table)) is not None:
-            ratio = f", x{modes[0]} {p / base_priced:.3f}" if base_priced else ""
+        if (p := prices[m]) is not None:
+            ratio = f", x{modes[0]} {p / prices[modes[0]]:.3f}" if prices[modes[0]] else ""
             print(f"  priced by the reference steps: {p:.2f} decode tokens/s{ratio}")
 
 

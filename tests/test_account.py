@@ -371,7 +371,6 @@ def test_a_real_engine_accounts_its_time_within_the_wall_clock(
     # busier machine and still fails an account that loses any real part of the engine's time.
     serving = res["total"] - seconds["idle"]
     engine_walls = res["engine_walls"]
-    assert all(e <= w for e, w in zip(engine_walls, walls, strict=True))
     assert 0.95 * sum(engine_walls) <= serving <= sum(engine_walls)
     # The Prometheus series of the same engine (its `engine` label "0") carry the same numbers.
     got = {(s.labels["category"], s.name): s.value
