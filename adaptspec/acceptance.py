@@ -95,6 +95,9 @@ class RequestAcceptance:
     over as evidence accumulates (n0 = shrinkage). The later positions keep the class's
     acceptance given the earlier (step_reference.decide says why). `sn` [2, capacity]: s and n
     per slot.
+
+    How far the record may move a request is learned per row from the requests that finished
+    (RequestSpread): `shrinkage` is the policy's starting value.
     """
 
     def __init__(self, capacity: int, forgetting: float = 0.9, shrinkage: float = 6.0) -> None:
@@ -119,3 +122,69 @@ def learn(estimator: AcceptanceEstimator, requests: RequestAcceptance, classes: 
     return fastpath.feedback(estimator.ev, estimator.active, estimator.k_max,
                              estimator.forgetting, classes, requests.sn, slots, drafted,
                              accepted, requests.forgetting)
+
+
+class RequestSpread:
+    """How far the requests of each row (class and proposer) differ in how often their drafts
+    start right, so how far a request's own record may move it from its row: the shrinkage
+    n0 of RequestAcceptance, estimated per row from the requests that finished (empirical
+    Bayes: the beta-binomial's method of moments).
+
+    A finished request that verified n drafts, s of which started right, adds (1, n, s,
+    s^2 / n, n^2) to its row's sums (older requests decayed by `forgetting` a request). With
+    p the pooled rate, k the requests and N their drafts, their rates spread beyond what n
+    draws each show by chance by tau^2 = (sum n (s / n - p)^2 - p (1 - p) (k - 1)) /
+    (N - sum n^2 / N), and a beta prior with that spread weighs p (1 - p) / tau^2 - 1 draws:
+    that is n0. Requests that differ no more than chance get MAX_SHRINKAGE (their records
+    move nothing); until `min_requests` have finished, a row keeps the policy's
+    request_shrinkage (`default`). A fixed n0 is right for one workload only: where requests
+    differ (code edits beside free prose in one class) records should move them, where they
+    do not (chat) a record of a few misses is chance, and acting on it leaves a request
+    undrafted to the end of its batch (docs/unseen.md).
+
+    Attributes: default, forgetting, min_requests, sums [rows, 5], shrinkage [rows] (n0 per
+    row, what the decision reads).
+    """
+
+    MAX_SHRINKAGE = 1e3
+    # (above 0: a record of no drafts would read 0 / 0)
+    MIN_SHRINKAGE = 1e-3
+
+    def __init__(self, n_rows: int, default: float, forgetting: float = 0.99,
+                 min_requests: int = 16) -> None:
+        self.default = max(float(default), self.MIN_SHRINKAGE)
+        self.forgetting = forgetting
+        self.min_requests = min_requests
+        self.sums = np.zeros((n_rows, 5))
+        self.shrinkage = np.full(n_rows, self.default)
+
+    def reset(self, row: int) -> None:
+        """A row given to another class: what its requests said is forgotten."""
+        self.sums[row] = 0.0
+        self.shrinkage[row] = self.default
+
+    def add(self, row: int, started_right: float, drafts: float) -> None:
+        """One finished request's record in its row: drafts verified, how many started right
+        (undecayed). A request that verified none says nothing."""
+        if drafts < 1:
+            return
+        s, n = float(started_right), float(drafts)
+        x = self.sums[row]
+        x *= self.forgetting
+        x += (1.0, n, s, s * s / n, n * n)
+        self.shrinkage[row] = self.estimate(row)
+
+    def estimate(self, row: int) -> float:
+        """n0 for a row from its sums (see the class)."""
+        k, n, s, q, n2 = self.sums[row]
+        if k < self.min_requests:
+            return self.default
+        p = s / n
+        chance = p * (1.0 - p)
+        spread_n = n - n2 / n
+        if chance <= 0.0 or spread_n <= 0.0:
+            return self.default
+        tau2 = (q - s * s / n - chance * (k - 1.0)) / spread_n
+        if tau2 <= 0.0:
+            return self.MAX_SHRINKAGE
+        return float(min(max(chance / tau2 - 1.0, self.MIN_SHRINKAGE), self.MAX_SHRINKAGE))

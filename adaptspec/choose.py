@@ -34,7 +34,7 @@ from adaptspec.fastpath import ALPHA_CAP
 
 
 def choose_proposers(post: np.ndarray, n_cls: int, n_prop: int, cls: np.ndarray,
-                     k_max: np.ndarray, sn: np.ndarray, n0: float, explore: np.ndarray,
+                     k_max: np.ndarray, sn: np.ndarray, n0: np.ndarray, explore: np.ndarray,
                      z: np.ndarray, pass_tokens: np.ndarray | None = None,
                      observations: np.ndarray | None = None, min_tried: float = 4.0
                      ) -> np.ndarray:
@@ -43,7 +43,8 @@ def choose_proposers(post: np.ndarray, n_cls: int, n_prop: int, cls: np.ndarray,
     post [2 kk, rows]: AcceptanceEstimator.posterior_sums over rows p * n_cls + c (rows of
     the last proposer may stop at the classes registered so far). cls [n]: class per request;
     k_max [n]: the longest K its class allows (0: it never drafts, gets proposer 0). sn [2, n,
-    n_prop]: each request's record (s, n) per proposer. explore [n] bool: whose scores are drawn;
+    n_prop]: each request's record (s, n) per proposer, n0 [rows] its shrinkage per row
+    (RequestSpread.shrinkage). explore [n] bool: whose scores are drawn;
     z [explored, kk, n_prop]: standard normals for them. pass_tokens [n_prop] (None: all 0):
     what one draft token of each proposer costs beyond the verify pass, in tokens (a draft
     model's forward pass); a position counts only by how much its increment exceeds it.
@@ -63,7 +64,7 @@ def choose_proposers(post: np.ndarray, n_cls: int, n_prop: int, cls: np.ndarray,
     level = np.maximum(post[0, rows] / post[kk, rows], 1e-3)  # [n, P]
     # The request's own record shrunk toward its class's level, as a factor on the class's
     # first position (step_reference.decide).
-    f = (sn[0] / level + n0) / (sn[1] + n0)
+    f = (sn[0] / level + n0[rows]) / (sn[1] + n0[rows])
     alpha = mean.copy()
     alpha[0] *= f
     drawn = np.flatnonzero(explore)

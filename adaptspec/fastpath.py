@@ -126,7 +126,7 @@ def posterior(ev: np.ndarray, n_classes: int, kk: int, prior_min: float) -> np.n
 
 @_jit
 def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
-           cls_kind: np.ndarray, cls_slo_ms: np.ndarray, n0: float, sn: np.ndarray,
+           cls_kind: np.ndarray, cls_slo_ms: np.ndarray, n0: np.ndarray, sn: np.ndarray,
            cls: np.ndarray, explore: np.ndarray, z: np.ndarray, coef: np.ndarray, knee: float,
            shape_ms: np.ndarray, slack: float, hyst_steps: int, prev_k: np.ndarray,
            votes: np.ndarray, slots: np.ndarray) -> tuple:
@@ -150,7 +150,7 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
             mean[j, c] = m
             sd[j, c] = np.sqrt((1.0 - m) * m / (post[kk + j, c] + 1.0))
         u[c] = may / max(post[0, c] / post[kk, c], 1e-3)
-        v[c] = n0 * may
+        v[c] = n0[c] * may
     # Per request: its factor, the forced drafts and the longest draft; the batch's limits.
     f = np.empty(n)
     lo = np.empty(n, dtype=np.int64)
@@ -160,7 +160,7 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
     slo = np.inf
     for i in range(n):
         c = cls[i]
-        f[i] = (sn[0, i] * u[c] + v[c]) / (sn[1, i] + n0)
+        f[i] = (sn[0, i] * u[c] + v[c]) / (sn[1, i] + n0[c])
         lo[i], hi[i] = cls_k_min[c], cls_k_max[c]
         n_forced += lo[i]
         any_critical = any_critical or cls_kind[c] > 1
@@ -274,7 +274,7 @@ def warm_up() -> None:
     ev, records = np.ones((1, 4)), np.zeros((2, 1))
     sn, _, _ = feedback(ev, 1, 1, 1.0, i64, records, i64, i64, i64, 0.9)
     posterior(ev, 1, 1, 1e-3)
-    decide(np.ones((2, 1)), i64, i64 + 1, i64 + 1, f64 + np.inf, 1.0, sn, i64,
+    decide(np.ones((2, 1)), i64, i64 + 1, i64 + 1, f64 + np.inf, f64 + 1.0, sn, i64,
            np.zeros(1, dtype=bool), np.zeros((0, 1)), np.zeros(N_FEATURES), 1.0, f64, 0.0, 2,
            i64.copy(), i64.copy(), i64)
     _warm = True

@@ -19,7 +19,7 @@ import numpy as np
 
 from adaptspec import fastpath, passcost
 from adaptspec import plan as why
-from adaptspec.acceptance import AcceptanceEstimator, RequestAcceptance, learn
+from adaptspec.acceptance import AcceptanceEstimator, RequestAcceptance, RequestSpread, learn
 from adaptspec.choose import choose_proposers
 from adaptspec.confidence import (
     ConfidenceCalibration,
@@ -86,6 +86,9 @@ class Learner:
         self.confidence = ConfidenceCalibration(n_cls * n_prop, forgetting=policy.forgetting)
         # What the values the trim kept drafts at turned into (see `cut`)
         self.outcome = OutcomeCalibration(n_cls * n_prop, positions=self.k_max)
+        # How far each row's requests differ, from the finished ones: how far a request's own
+        # record moves it from its row (RequestSpread)
+        self.spread = RequestSpread(n_cls * n_prop, policy.request_shrinkage)
         for name in policy.classes:
             self._register_class(name, name)
         self._other = self._register_class(OTHER_CLASS, policy.default_class)
@@ -93,6 +96,8 @@ class Learner:
         cap = policy.max_requests
         self.requests = RequestAcceptance(cap * n_prop, policy.request_forgetting,
                                           policy.request_shrinkage)
+        # each record's undecayed (drafts started right, drafts verified), for `spread`
+        self.req_life = np.zeros((2, cap * n_prop))
         self._slot_of: dict[str, int] = {}
         self._free = list(range(cap - 1, -1, -1))
         self.req_class = np.zeros(cap, dtype=np.int64)
@@ -154,6 +159,7 @@ class Learner:
             self._row_kind[row] = self.cls_kind[idx]
             self._row_slo_ms[row] = self.cls_slo_ms[idx]
             self.estimator.set_prior(row, p.prior_vector(settings), cfg.prior_strength)
+            self.spread.reset(row)
 
     def record_pass_cost(self, proposer: int, ms: float, passes: int,
                          catchup_tokens: int = 0) -> None:
@@ -182,7 +188,7 @@ class Learner:
             post = self.estimator.posterior_sums()
             pass_tokens, _ = self._pass_tokens(max(self.num_requests, 1))
             return int(choose_proposers(post, self.n_cls, self.n_prop, c, self.cls_k_max[c],
-                                        np.zeros((2, 1, self.n_prop)), self.requests.shrinkage,
+                                        np.zeros((2, 1, self.n_prop)), self.spread.shrinkage,
                                         explore, z, pass_tokens,
                                         self.estimator.observations()[: post.shape[1]])[0])
         except Exception:
@@ -266,11 +272,16 @@ class Learner:
         self.req_last_step[slot] = self.steps + 1
         for p in range(self.n_prop):
             self.requests.reset(slot * self.n_prop + p)
+            self.req_life[:, slot * self.n_prop + p] = 0.0
         return slot
 
     def remove_request(self, req_id: str) -> None:
         slot = self._slot_of.pop(req_id, None)
         if slot is not None:
+            for p in range(self.n_prop):  # what its drafts said of its row's spread
+                rec = slot * self.n_prop + p
+                self.spread.add(p * self.n_cls + int(self.req_class[slot]), *self.req_life[:, rec])
+                self.req_life[:, rec] = 0.0
             self.req_last_step[slot] = np.inf  # never chosen as an LRU victim while free
             self.req_id_of[slot] = ""
             self._free.append(slot)
@@ -304,8 +315,12 @@ class Learner:
             self._class_last_used[cls] = self.steps
         n_prop = self.n_prop
         rows = src * self.n_cls + cls
-        sn, spec_tokens, longest = learn(self.estimator, self.requests, rows,
-                                         slots * n_prop + src, drafted, accepted)
+        records = slots * n_prop + src
+        sn, spec_tokens, longest = learn(self.estimator, self.requests, rows, records, drafted,
+                                         accepted)
+        tried = drafted > 0
+        self.req_life[0, records] += tried & (accepted > 0)
+        self.req_life[1, records] += tried
         if verified is not drafted:
             spec_tokens, longest = int(verified.sum()), max(int(verified.max(initial=0)), 0)
         self.confidence.tick()
@@ -360,7 +375,7 @@ class Learner:
             recs = slots[:, None] * n_prop + np.arange(n_prop)[None, :]
             zp = self.rng.standard_normal((len(z), kk, n_prop)) if len(z) else _NO_DRAWS
             choice = choose_proposers(post, self.n_cls, n_prop, cls, self.cls_k_max[cls],
-                                      self.requests.sn[:, recs], self.requests.shrinkage,
+                                      self.requests.sn[:, recs], self.spread.shrinkage,
                                       explore, zp, pass_tokens,
                                       self.estimator.observations()[: post.shape[1]])
             self.req_proposer[slots] = choice
@@ -373,7 +388,7 @@ class Learner:
         shape_ms = self.cost.shape_offset(n, np.arange(min(kk * n, SHAPE_PLANS) + 1))
         ks, _, inc, threshold, self.last_predicted_ms = fastpath.decide(
             post, self._row_k_min, self._row_k_max, self._row_kind, self._row_slo_ms,
-            self.requests.shrinkage, sn, rows, explore, z, coef, self.cost.knee, shape_ms,
+            self.spread.shrinkage, sn, rows, explore, z, coef, self.cost.knee, shape_ms,
             slack, p.hysteresis_steps, self.req_prev_k, self.req_votes, slots)
         reasons = self._reasons(ks, cls, explore, inc, threshold)
         if self._probe_due(ks, rows):
@@ -388,7 +403,7 @@ class Learner:
             optimistic[2:] *= 1.0 - p.cost_model.probe_margin
             probe, _, p_inc, p_threshold, _ = fastpath.decide(
                 post, self._row_k_min, self._row_k_max, self._row_kind, self._row_slo_ms,
-                self.requests.shrinkage, sn, rows, explore, z, optimistic, self.cost.knee,
+                self.spread.shrinkage, sn, rows, explore, z, optimistic, self.cost.knee,
                 shape_ms, slack, 1, self.req_prev_k, self.req_votes, slots)
             if probe.any():
                 ks, inc, threshold = probe, p_inc, p_threshold

@@ -232,7 +232,9 @@ class Policy(_Strict):
     request_forgetting: float = Field(0.9, gt=0.0, le=1.0)
     request_shrinkage: float = Field(
         6.0, ge=0,
-        description="observations a request needs before its own rate outweighs its class",
+        description="observations a request needs before its own rate outweighs its class, "
+                    "until 16 of its requests finished; then learned from how far they "
+                    "differed (acceptance.RequestSpread)",
     )
     hysteresis_steps: int = Field(
         2, ge=1, le=100,

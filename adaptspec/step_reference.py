@@ -70,7 +70,7 @@ def posterior(ev: np.ndarray, kk: int, prior_min: float) -> np.ndarray:
 
 
 def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
-           cls_kind: np.ndarray, cls_slo_ms: np.ndarray, n0: float, sn: np.ndarray,
+           cls_kind: np.ndarray, cls_slo_ms: np.ndarray, n0: np.ndarray, sn: np.ndarray,
            cls: np.ndarray, explore: np.ndarray, z: np.ndarray, coef: np.ndarray, knee: float,
            shape_ms: np.ndarray, slack: float, hyst_steps: int, prev_k: np.ndarray,
            votes: np.ndarray, slots: np.ndarray
@@ -79,7 +79,7 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
 
     post [2 kk, classes]: AcceptanceEstimator.posterior_sums. Per class: cls_k_min (drafts
     forced), cls_k_max (0: may not draft), cls_kind (the decision kind when not drafting: 1
-    plain, 2 latency-critical), cls_slo_ms (ITL SLO, inf for none). n0: request_shrinkage.
+    plain, 2 latency-critical), cls_slo_ms (ITL SLO, inf for none), n0 (RequestSpread.shrinkage).
     Per request: sn [2, n] its record (s, n), cls its class, slots its slot; explore: whose
     acceptance is drawn this step (empty: nobody's), z [their count, kk]: standard normals.
     coef, knee: the step-time model; shape_ms [at least 1]: what a step of this batch with s
@@ -102,7 +102,7 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
     # positions after it keep the class's conditional acceptance: once a draft starts right
     # the rest follows its class (an n-gram match, once confirmed, tends to run on), so a
     # request whose drafts often miss drafts less far, not geometrically less (f^j).
-    f = (sn[0] * (may / level)[cls] + (n0 * may)[cls]) / (sn[1] + n0)
+    f = (sn[0] * (may / level)[cls] + (n0[: may.size] * may)[cls]) / (sn[1] + n0[cls])
     alpha = mean[:, cls].copy()
     alpha[0] *= f
     drawn = explore.nonzero()[0]  # Thompson draws replace these requests' estimates

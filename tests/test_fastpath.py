@@ -100,7 +100,8 @@ def _decide_case(rng: np.random.Generator, n: int) -> tuple:
     if rng.random() < 0.6:
         shape[1:] = rng.normal(0.0, coef[0] * 0.2 + 1.0, shape.size - 1)
     hyst = (int(rng.choice([1, 2, 3])), rng.integers(0, kk + 1, cap), rng.integers(0, 2, cap))
-    return (est.posterior_sums(), k_min, k_max, kind, slo, float(rng.choice([1.0, 6.0])), sn,
+    n0 = rng.choice([1e-3, 1.0, 6.0, 1e3], n_cls)  # the shrinkage per class (RequestSpread)
+    return (est.posterior_sums(), k_min, k_max, kind, slo, n0, sn,
             rng.integers(0, n_cls, n), explore, z, coef, float(rng.choice([0.0, 1.0, 40.5])),
             shape, float(rng.choice([0.0, 0.05, 0.3])), *hyst, slots)
 
@@ -173,7 +174,7 @@ def _reference_step(ctl: Controller, slots: np.ndarray, drafted: np.ndarray,
         if explore.any():
             z = ctl.rng.standard_normal((int(explore.sum()), kk))
     return ref.decide(est.posterior_sums(), ctl.cls_k_min, ctl.cls_k_max, ctl.cls_kind,
-                      ctl.cls_slo_ms, p.request_shrinkage, sn, cls, explore, z,
+                      ctl.cls_slo_ms, ctl.spread.shrinkage, sn, cls, explore, z,
                       ctl.cost.coef_at(len(slots)), ctl.cost.knee,
                       ctl.cost.shape_offset(len(slots),
                                             np.arange(min(kk * len(slots), SHAPE_PLANS) + 1)),

@@ -111,7 +111,7 @@ def test_choice_scores_the_expected_accepted_tokens() -> None:
     k_max = rng.integers(0, kk + 1, n)
     sn = np.abs(rng.normal(3, 2, (2, n, n_prop)))
     sn[1] += sn[0]
-    n0 = 6.0
+    n0 = rng.choice([0.5, 6.0, 40.0], n_prop * n_cls)  # the shrinkage per row
     got = choose_proposers(post, n_cls, n_prop, cls, k_max, sn, n0, np.zeros(n, bool),
                            np.zeros((0, kk, n_prop)))
     for i in range(n):
@@ -119,7 +119,7 @@ def test_choice_scores_the_expected_accepted_tokens() -> None:
         for p in range(n_prop):
             r = p * n_cls + cls[i]
             level = max(a[r, 0] / (a[r, 0] + b[r, 0]), 1e-3)
-            f = (sn[0, i, p] + n0 * level) / (sn[1, i, p] + n0) / level
+            f = (sn[0, i, p] + n0[r] * level) / (sn[1, i, p] + n0[r]) / level
             prod, total = 1.0, 0.0
             for j in range(k_max[i]):
                 prod *= min(a[r, j] / (a[r, j] + b[r, j]) * (f if j == 0 else 1.0), 0.995)
