@@ -278,13 +278,13 @@ class Learner:
     def remove_request(self, req_id: str) -> None:
         slot = self._slot_of.pop(req_id, None)
         if slot is not None:
+            self.req_last_step[slot] = np.inf  # never chosen as an LRU victim while free
+            self.req_id_of[slot] = ""
+            self._free.append(slot)
             for p in range(self.n_prop):  # what its drafts said of its row's spread
                 rec = slot * self.n_prop + p
                 self.spread.add(p * self.n_cls + int(self.req_class[slot]), *self.req_life[:, rec])
                 self.req_life[:, rec] = 0.0
-            self.req_last_step[slot] = np.inf  # never chosen as an LRU victim while free
-            self.req_id_of[slot] = ""
-            self._free.append(slot)
 
     def slot(self, req_id: str) -> int | None:
         return self._slot_of.get(req_id)
