@@ -10,8 +10,8 @@ tokens made),
 and the steps at 4 requests are printed by draft tokens and by requests drafting: what a
 configuration's steps cost, and how often.
 
-    python bench/engine_ab.py ngram2 adaptspec [--rounds 4] [--prompts 16] [--json OUT]
-        [--price REF.json ...] [--load RUN.json]
+    python bench/engine_ab.py ngram2 adaptspec [--rounds 4] [--prompts 16] [--slice N]
+        [--json OUT] [--price REF.json ...] [--load RUN.json]
 
 `--price`: each engine's decode tokens/s also priced by saved runs' median step time per
 (requests, rows), so the engines' choices compare at one machine state (this shared machine
@@ -132,7 +132,9 @@ def engine(mode: str, order: list[str], args: argparse.Namespace, turn: Path) ->
             time.sleep(0.02)
         time.sleep(0.3)
         t0 = time.perf_counter()
-        outs = llm.chat(chats, sp, use_tqdm=False)
+        size = args.slice or len(chats)
+        outs = [o for i in range(0, len(chats), size)
+                for o in llm.chat(chats[i:i + size], sp, use_tqdm=False)]
         seconds.append(time.perf_counter() - t0)
         tmp = turn.with_suffix(".tmp")
         tmp.write_text(order[(order.index(mode) + 1) % len(order)])
@@ -205,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--slice", type=int, default=None,
+                    help="run each round's prompts in calls of this many, each ending with its "
+                         "slowest request, as `bench unseen`'s slices (default: one call)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--eagle", default=None, help="an EAGLE head of --model, for eagleK modes")
     ap.add_argument("--price", type=Path, nargs="+", default=None,
@@ -229,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     report(out, args.modes, table)
     if args.json and not args.load:
         args.json.write_text(json.dumps({"modes": args.modes, "rounds": args.rounds,
-                                         "prompts": args.prompts, "engines": out}))
+                                         "prompts": args.prompts, "slice": args.slice,
+                                         "engines": out}))
     return 0
 
 
@@ -253,6 +259,7 @@ def run_engines(args: argparse.Namespace) -> dict[str, Any]:
             procs[m] = subprocess.Popen(
                 [sys.executable, __file__, *args.modes, "--model", args.model, "--rounds",
                  str(args.rounds), "--prompts", str(args.prompts),
+                 *(["--slice", str(args.slice)] if args.slice else []),
                  *(["--eagle", args.eagle] if args.eagle else []), "--side", m, str(turn)],
                 env={**env, "ADAPTSPEC_POLICY": policy} if m.startswith("adaptspec") else env,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

@@ -165,3 +165,31 @@ def test_time_split_is_each_category_less_plain_over_plain_wall() -> None:
     assert unseen.time_split({unseen.PLAIN: plain, "k2": {"slice_engine": [{}, {}]}},
                              "k2", lc, lc=True) is None
     assert unseen.split_table([{unseen.PLAIN: plain}], lc) == ""
+
+
+def test_a_run_writes_each_finished_repeat_so_a_run_cut_short_keeps_them(
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """After every repeat but the last the repeats so far go to unseen.partial.json, judged
+    and tabled as the whole run's file is: a long run killed at its deadline keeps them."""
+    import argparse
+
+    written: list[tuple[str, list[int]]] = []
+    monkeypatch.setattr(unseen, "prepare", lambda model, main, lc: ("m", [], {}))
+    monkeypatch.setattr(unseen, "run_repeat", lambda group, *a, **k: {
+        c.name: {"repeat": a[7], "slice_wall_s": [], "lc_median_gap_ms": 0.0,
+                 "slice_engine": []} for c in group})
+    monkeypatch.setattr(unseen, "decode_rate", lambda ref: 1.0)
+
+    def finish(args, repeats, lc, model, t_all, path):  # (what the real one judges)
+        written.append((path.name, [r[unseen.PLAIN]["repeat"] for r in repeats]))
+        return 0
+
+    monkeypatch.setattr(unseen, "finish", finish)
+    args = argparse.Namespace(
+        slice_requests=None, concurrency=4, requests=16, max_tokens=64, lc_tokens=16,
+        model=None, out=str(tmp_path), configs=["vllm_ngram_k2", "adaptspec",
+                                                "vllm_ngram_k4", "adaptspec_vllm_ngram"],
+        repeats=3, policy=None, compiled=False)
+    assert unseen.run(args) == 0
+    assert written == [("unseen.partial.json", [0]), ("unseen.partial.json", [0, 1]),
+                       ("unseen.json", [0, 1, 2])]

@@ -336,6 +336,7 @@ def run(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     t_all = time.monotonic()
     repeats: list[dict[str, dict[str, Any]]] = [{} for _ in range(args.repeats)]
+    n_groups = len(groups(chosen(args.configs)))
     for i, g, group in group_runs(chosen(args.configs), args.repeats):
         res = run_repeat(group, model, rendered, main, lc, warmup,
                          Path(args.policy or DEFAULT_POLICY).resolve(),
@@ -348,6 +349,16 @@ def run(args: argparse.Namespace) -> int:
             r["reference"]["decode_rate"] = decode_rate(ref)
         repeats[i].setdefault(PLAIN, ref)  # the first group's, for the greedy gate and table
         repeats[i].update(res)
+        if g == n_groups - 1 and i < args.repeats - 1:
+            # the repeats so far, as the whole run's file: a run cut short keeps them
+            finish(args, repeats[: i + 1], lc, model, t_all, out_dir / "unseen.partial.json")
+    return finish(args, repeats, lc, model, t_all, out_dir / "unseen.json")
+
+
+def finish(args: argparse.Namespace, repeats: list[dict[str, dict[str, Any]]],
+           lc: list[workload.Request | None], model: str, t_all: float, path: Path) -> int:
+    """Judge the repeats, print their table and write their JSON to `path` (`report`)."""
+    size = args.slice_requests or 2 * args.concurrency
     lc_slices = [q is not None for q in lc]
     verdict = judge(repeats, lc_slices)
     mismatches = check_greedy(repeats, PLAIN)
@@ -366,7 +377,7 @@ def run(args: argparse.Namespace) -> int:
     if dec := decode_table({f"{name} (repeat 1)": r["engine_decode"]
                             for name, r in repeats[0].items() if r.get("engine_decode")}):
         table += "\n\n" + dec
-    return report(result, table, out_dir / "unseen.json")
+    return report(result, table, path)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
