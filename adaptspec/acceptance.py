@@ -92,17 +92,13 @@ class RequestAcceptance:
     s counts its verifications that accepted at least one draft token, n those that verified
     any. Its first-position estimate is (s + n0 * m_class) / (n + n0), m_class its class's
     first-position acceptance: with few observations it is its class's, and its own rate takes
-    over as evidence accumulates (n0 = shrinkage). The later positions keep the class's
-    acceptance given the earlier (step_reference.decide says why). `sn` [2, capacity]: s and n
-    per slot.
-
-    How far the record may move a request is learned per row from the requests that finished
-    (RequestSpread): `shrinkage` is the policy's starting value.
+    over as evidence accumulates (n0: the shrinkage of its row, RequestSpread). The later
+    positions keep the class's acceptance given the earlier (step_reference.decide says why).
+    `sn` [2, capacity]: s and n per slot.
     """
 
-    def __init__(self, capacity: int, forgetting: float = 0.9, shrinkage: float = 6.0) -> None:
+    def __init__(self, capacity: int, forgetting: float = 0.9) -> None:
         self.forgetting = forgetting
-        self.shrinkage = shrinkage
         self.sn = np.zeros((2, capacity))
 
     def reset(self, slot: int) -> None:

@@ -94,8 +94,7 @@ class Learner:
         self._other = self._register_class(OTHER_CLASS, policy.default_class)
 
         cap = policy.max_requests
-        self.requests = RequestAcceptance(cap * n_prop, policy.request_forgetting,
-                                          policy.request_shrinkage)
+        self.requests = RequestAcceptance(cap * n_prop, policy.request_forgetting)
         # each record's undecayed (drafts started right, drafts verified), for `spread`
         self.req_life = np.zeros((2, cap * n_prop))
         self._slot_of: dict[str, int] = {}

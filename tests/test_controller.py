@@ -416,7 +416,7 @@ def test_an_undrafted_position_expects_what_was_learned_before_it() -> None:
 
 def test_request_records_match_per_request_rule() -> None:
     rng = np.random.default_rng(6)
-    req = RequestAcceptance(16, forgetting=0.8, shrinkage=3.0)
+    req = RequestAcceptance(16, forgetting=0.8)
     est = AcceptanceEstimator(2, 4)  # (its k_max clips the feedback)
     s, n = np.zeros(16), np.zeros(16)
     for _ in range(30):
