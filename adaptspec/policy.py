@@ -237,9 +237,9 @@ class Policy(_Strict):
                     "differed (acceptance.RequestSpread)",
     )
     hysteresis_steps: int = Field(
-        2, ge=1, le=100,
+        1, ge=1, le=100,
         description="consecutive steps the controller must ask for a higher K before a request "
-        "gets it (1 = no hysteresis); lower K applies at once",
+        "gets it (1 = no hysteresis); lower K applies at once, so above 1 K is biased down",
     )
     latency_critical_slack: float = Field(
         0.02, ge=0.0, le=1.0,

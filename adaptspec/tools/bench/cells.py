@@ -74,8 +74,10 @@ class Sampler:
 
 def class_counters(m: dict[str, dict]) -> dict[str, dict[str, float]]:
     """Cumulative per-class adaptspec counters: drafted, accepted, chosen K sum and count, the
-    speculating decisions per proposer chosen (`speculate_<proposer>`) and the drafts each
-    proposer had verified and accepted (`drafted_<proposer>`, `accepted_<proposer>`)."""
+    speculating decisions per proposer chosen (`speculate_<proposer>`), the drafts each
+    proposer had verified and accepted (`drafted_<proposer>`, `accepted_<proposer>`), and the
+    draft tokens the cut dropped (`confidence_cut`, `trimmed`; `confidence_drafts`: drafts
+    that reached it with a confidence)."""
     out: dict[str, dict[str, float]] = {}
 
     def add(metric: str, key: str) -> None:
@@ -96,6 +98,11 @@ def class_counters(m: dict[str, dict]) -> dict[str, dict[str, float]]:
                 row[key + d["proposer"]] = row.get(key + d["proposer"], 0.0) + v
     add("adaptspec_chosen_k_sum", "k_sum")
     add("adaptspec_chosen_k_count", "k_count")
+    # where proposed drafts went before verification: cut for low confidence, or trimmed
+    # (either cause) to the step shape that pays
+    add("adaptspec_confidence_drafts_total", "confidence_drafts")
+    add("adaptspec_confidence_cut_tokens_total", "confidence_cut")
+    add("adaptspec_trimmed_tokens_total", "trimmed")
     for labels, v in m.get("adaptspec_steps_total", {}).items():
         d = dict(labels)
         if d.get("decision") == "speculate" and "class" in d:

@@ -1,0 +1,30 @@
+"""The bench's per-class counters, read from a server's /metrics as prometheus-client parses
+them."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+from adaptspec.tools.bench.cells import class_counters
+from adaptspec.tools.promtext import parse_metrics
+
+
+def _parsed(registry: CollectorRegistry) -> dict[str, dict]:
+    return parse_metrics(generate_latest(registry).decode())
+
+
+def test_class_counters_say_where_the_cut_dropped_draft_tokens() -> None:
+    reg = CollectorRegistry()
+    cut = Counter("adaptspec_confidence_cut_tokens", "", ["class"], registry=reg)
+    arrived = Counter("adaptspec_confidence_drafts", "", ["class"], registry=reg)
+    trimmed = Counter("adaptspec_trimmed_tokens", "", ["class"], registry=reg)
+    drafted = Counter("adaptspec_draft_tokens", "", ["class"], registry=reg)
+    arrived.labels("chat").inc(10)
+    cut.labels("chat").inc(3)
+    trimmed.labels("chat").inc(5)
+    trimmed.labels("code").inc(1)
+    drafted.labels("chat").inc(40)
+    got = class_counters(_parsed(reg))
+    assert got["chat"] == {"drafted": 40.0, "confidence_drafts": 10.0, "confidence_cut": 3.0,
+                           "trimmed": 5.0}
+    assert got["code"] == {"trimmed": 1.0}
