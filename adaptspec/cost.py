@@ -100,6 +100,7 @@ class StepCostModel:
         # that learned to stay below the knee would never measure it again. The hinge's prior
         # weighs as if the reference plan's drafts were all over the knee.
         x_ref[5] = max(float(x_ref[5]), 16.0)
+        self.prior_weight = cfg.prior_weight
         self._prior_prec = np.diag(cfg.prior_weight * np.maximum(x_ref / y_ref, 1e-6) ** 2)
         self.offset_sum = np.zeros(TABLE_BATCHES + 1)
         self.offset_weight = np.zeros(TABLE_BATCHES + 1)
@@ -246,6 +247,17 @@ class StepCostModel:
                              / decay.sum()))
         self.prior_scale = min(ratio, 1.0)
         prior_prec = self._prior_prec / max(ratio, 1.0) ** 2
+        # Nor is a coefficient's prior worth more than `prior_weight` of the steps that
+        # measured its feature, at their own scale: the reference plan's drafts (16 at 8
+        # requests) weigh far more per step than a server's real ones (2 at 4 requests on
+        # this CPU), and at the reference's weight the prior held the per-token price near
+        # its preset's (33 ms served where the steps said 18). Only ever weaker: where the
+        # reference weighs less (a plain step's terms, the hinge's deliberate weight) it stays.
+        seen = x != 0
+        steps = decay @ seen
+        info = (decay @ (seen * (x / y[:, None]) ** 2)) / np.maximum(steps, 1e-12)
+        d = np.arange(N_FEATURES)[steps > 0]
+        prior_prec[d, d] = np.minimum(prior_prec[d, d], self.prior_weight * info[d])
         xw_t = (x * w[:, None]).T
         xtx = prior_prec + xw_t @ x
         xty_prior = prior_prec @ (self.prior_scale * self.prior_coef)

@@ -82,8 +82,12 @@ def test_cost_model_learns_both_regimes() -> None:
     for _ in range(400):
         b, s = plan()
         m.partial_fit(b, s, min(s, 8), truth(b, s) * rng.lognormal(0, 0.03))
-    for b, s in [(4, 0), (16, 64), (48, 150)]:
-        assert predict(m, b, s, min(s, 8)) == pytest.approx(truth(b, s), rel=0.12)
+    # The prior prices (16, 64) at a thirteenth of the truth; learned, the plans that draft are
+    # within 5%. The smallest plain step (24 ms) shares its intercept with steps up to 20
+    # times longer: over seeds 0-5 it is missed by up to 14%, so it is held to 15%.
+    for b, s in [(16, 64), (48, 150)]:
+        assert predict(m, b, s, min(s, 8)) == pytest.approx(truth(b, s), rel=0.05)
+    assert predict(m, 4, 0, 0) == pytest.approx(truth(4, 0), rel=0.15)
     # and a memory-bound machine keeps extra tokens cheap
     m2 = StepCostModel(CostModel(preset="cpu"))
     for _ in range(400):
@@ -91,6 +95,20 @@ def test_cost_model_learns_both_regimes() -> None:
         t = 6.5 + 0.02 * b + 0.027 * max(0, b + s - 180)
         m2.partial_fit(b, s, min(s, 8), t * rng.lognormal(0, 0.03))
     assert predict(m2, 8, 64, 8) - predict(m2, 8, 0, 0) < 1.0
+
+
+def test_prior_weighs_as_many_steps_as_said_in_the_drafts_a_server_makes() -> None:
+    # A server's plans draft a few tokens a step (1-4 at 4 requests, as served on this CPU),
+    # far fewer than the prior's reference plan (16 at 8): weighed at the reference, the
+    # prior of 40 ms a draft token held the learned price at 27-28 ms over seeds 0-11 where
+    # the steps say 18; worth `prior_weight` of the measured steps, 21-23. (25: between.)
+    rng = np.random.default_rng(0)
+    m = StepCostModel(CostModel(preset="cpu"))
+    for _ in range(400):
+        b = int(rng.integers(3, 6))
+        s = 0 if rng.random() < 0.5 else int(rng.integers(1, 5))
+        m.partial_fit(b, s, min(s, 2), (300 + 20 * b + 18 * s) * rng.lognormal(0, 0.05))
+    assert 18 * 0.9 < m.coef[2] < 25.0, m.coef
 
 
 # Plain decoding's step time on two CPU cores (issue 16): 4 requests step faster than 1.
