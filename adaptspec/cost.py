@@ -65,8 +65,8 @@ class StepCostModel:
     a shape not yet measured takes that of steps of as many rows (`rows_prior`, `rows_sum`
     and `rows_weight`).
 
-    Attributes: coef (ms per feature), prior_coef, prior_scale (see `fit`), knee, n_updates,
-    offset_sum, offset_weight, shape_sum, shape_weight, rows_sum, rows_weight.
+    Attributes: coef (ms per feature), prior_coef, prior_scale, prior_weight (see `fit`), knee,
+    n_updates, offset_sum, offset_weight, shape_sum, shape_weight, rows_sum, rows_weight.
     """
 
     def __init__(self, cfg: CostModel, window: int = 512, refit_every: int = 8) -> None:
@@ -252,7 +252,7 @@ class StepCostModel:
         # requests) weigh far more per step than a server's real ones (2 at 4 requests on
         # this CPU), and at the reference's weight the prior held the per-token price near
         # its preset's (33 ms served where the steps said 18). Only ever weaker: where the
-        # reference weighs less (a plain step's terms, the hinge's deliberate weight) it stays.
+        # reference already weighs less, it stays.
         seen = x != 0
         steps = decay @ seen
         info = (decay @ (seen * (x / y[:, None]) ** 2)) / np.maximum(steps, 1e-12)
