@@ -135,6 +135,37 @@ def test_own_plain_decode_is_within_one_server() -> None:
     assert unseen.own_plain_decode({}, 4) is None
 
 
+def test_beside_lc_reads_the_batches_that_hold_a_latency_critical_request() -> None:
+    """At C + 1 requests (C main clients and one latency-critical request): how many of a
+    server's decode steps drafted, and its plain ones' speed over its group's plain server's
+    there, which is what the latency-critical gap is when none drafted."""
+    def dec(plain: dict[str, float], spec: dict[str, float]) -> dict:
+        return {"decode_plain": {b: {"steps": 10.0, "ms_per_step": ms, "drafts_per_step": 0.0}
+                                 for b, ms in plain.items()},
+                "decode_spec": {b: {"steps": 4.0, "ms_per_step": ms, "drafts_per_step": 2.0}
+                                for b, ms in spec.items()}}
+
+    plain = {"engine_decode": dec({"4": 400.0, "5": 440.0}, {})}
+    a = {"engine_decode": dec({"4": 400.0, "5": 484.0}, {"4": 450.0, "5": 520.0}),
+         "reference": {"engine_decode": dec({"5": 400.0}, {})}}
+    rep = {unseen.PLAIN: plain, "adaptspec": a}
+    assert unseen.beside_lc(rep, "adaptspec", 5) == pytest.approx(
+        {"spec_steps": 4.0, "plain_steps": 10.0, "plain_x_plain": 484 / 400})
+    del a["reference"]  # no reference account kept: the repeat's plain server
+    assert unseen.beside_lc(rep, "adaptspec", 5)["plain_x_plain"] == pytest.approx(1.1)
+    assert unseen.beside_lc(rep, "adaptspec", 6) is None
+    assert unseen.beside_lc({unseen.PLAIN: plain, "k2": {}}, "k2", 5) is None
+    table = unseen.format_table([{unseen.PLAIN: {**plain, **_run([1.0], 1.0, [1.0], 1.0),
+                                                 "vllm_draft_tokens": 0.0,
+                                                 "vllm_accepted_tokens": 0.0},
+                                  "adaptspec": {**a, **_run([1.0], 1.0, [1.0], 1.0),
+                                                "vllm_draft_tokens": 8.0,
+                                                "vllm_accepted_tokens": 4.0}}],
+                                {}, batch=4)
+    assert "beside LC (5 requests) drafting steps 4/14; its plain steps there x plain's 1.100" \
+        in table
+
+
 def test_time_split_is_each_category_less_plain_over_plain_wall() -> None:
     """Seconds per account category less the group's plain server's, over plain's wall time of
     the slices with (or without) a latency-critical stream: decode counts both kinds of

@@ -235,6 +235,26 @@ def own_plain_decode(r: dict[str, Any], batch: int) -> float | None:
     return tokens / ms * ref["ms_per_step"] / batch if ms > 0 else None
 
 
+def beside_lc(rep: dict[str, dict[str, Any]], name: str, batch: int) -> dict[str, float] | None:
+    """A server's decode steps of `batch` requests (the main stream's C clients and one
+    latency-critical request: in this cell no batch that large lacks one) by its engine
+    account: how many verified drafts, and its plain ones' ms per step over its group's
+    plain server's at that batch size. The latency-critical gap is a ratio of two servers'
+    steps; where no step beside it drafted, it is this speed ratio, the few percent by which
+    servers' speeds differ in the seconds each latency-critical request runs, not what the
+    latency rule let through (docs/unseen.md). None without both accounts' steps there."""
+    r = rep[name]
+    mine = r.get("engine_decode") or {}
+    base = (r.get("reference", {}).get("engine_decode") or rep[PLAIN].get("engine_decode")
+            or {})
+    p, q = (d.get("decode_plain", {}).get(str(batch)) for d in (mine, base))
+    if not p or not q:
+        return None
+    spec = mine.get("decode_spec", {}).get(str(batch), {}).get("steps", 0.0)
+    return {"spec_steps": spec, "plain_steps": p["steps"],
+            "plain_x_plain": p["ms_per_step"] / q["ms_per_step"]}
+
+
 def account_share(r: dict[str, Any]) -> float | None:
     """The engine's serving time (its account less idle) over the slices' wall time."""
     acct = r.get("engine_s") or {}
@@ -312,6 +332,15 @@ def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, An
                      f"{cell(v, 'no_lc', 'spread', 8)}{cell(v, 'with_lc', 'median', 17)}"
                      f"{cell(v, 'with_lc', 'spread', 8)}{cell(v, 'lc_gap', 'median', 16)}"
                      f"{rate}{own}{f'{drafts:.0f}/{acc:.0f}':>12}{share}")
+    for name in repeats[0]:
+        side = [x for rep in repeats if name != PLAIN and name in rep
+                and (x := beside_lc(rep, name, batch + 1)) is not None]
+        if side:
+            steps = " ".join(f"{x['spec_steps']:.0f}/{x['spec_steps'] + x['plain_steps']:.0f}"
+                             for x in side)
+            speed = " ".join(f"{x['plain_x_plain']:.3f}" for x in side)
+            lines.append(f"{name}: beside LC ({batch + 1} requests) drafting steps {steps}; "
+                         f"its plain steps there x plain's {speed} (repeats)")
     for name, g in verdict.get("goals", {}).items():
         best, pair = g["no_lc_over_best_static"], g.get("paired")
         paired = (f" (paired with {pair['over']}: {pair['median']:.3f}x, "
@@ -346,6 +375,7 @@ def run(args: argparse.Namespace) -> int:
         for r in res.values():
             r["reference"] = {k: ref[k] for k in ("slice_wall_s", "lc_median_gap_ms",
                                                   "slice_engine")}
+            r["reference"]["engine_decode"] = ref.get("engine_decode")
             r["reference"]["decode_rate"] = decode_rate(ref)
         repeats[i].setdefault(PLAIN, ref)  # the first group's, for the greedy gate and table
         repeats[i].update(res)
