@@ -224,3 +224,26 @@ def test_a_run_writes_each_finished_repeat_so_a_run_cut_short_keeps_them(
     assert unseen.run(args) == 0
     assert written == [("unseen.partial.json", [0]), ("unseen.partial.json", [0, 1]),
                        ("unseen.json", [0, 1, 2])]
+
+
+def test_reach_by_position_of_an_adaptive_and_of_a_static_server() -> None:
+    # adaptive: its own counters, every class summed; a position no draft reached is left out
+    adaptive = {"adaptspec_counters": {
+        "chat": {"drafted_pos0": 10.0, "drafted_pos1": 8.0, "drafted_pos2": 0.0,
+                 "accepted_pos0": 6.0, "accepted_pos1": 2.0},
+        "code": {"drafted_pos0": 10.0, "accepted_pos0": 4.0, "drafted": 10.0}},
+        "vllm_drafts": 99.0, "vllm_accepted_pos": {"0": 1.0}}
+    assert unseen.reach_by_position(adaptive) == pytest.approx([0.5, 0.25])
+    # static K: vLLM's accepted per position over its drafts, in position order
+    static = {"adaptspec_counters": {}, "vllm_drafts": 20.0,
+              "vllm_accepted_pos": {"1": 5.0, "0": 12.0}}
+    assert unseen.reach_by_position(static) == pytest.approx([0.6, 0.25])
+    assert unseen.reach_by_position({"adaptspec_counters": {}, "vllm_drafts": 0.0}) is None
+    table = unseen.format_table(
+        [{"none_sync": {**_run([9.0, 9.0], 100.0, [9.0, 9.0], 100.0), "vllm_draft_tokens": 0.0,
+                        "vllm_accepted_tokens": 0.0},
+          "vllm_ngram_k2": {**_run([9.0, 9.0], 100.0, [10.0, 10.0], 100.0), **static,
+                            "vllm_draft_tokens": 40.0, "vllm_accepted_tokens": 17.0}}],
+        {})
+    assert "vllm_ngram_k2: drafts accepted through each position" in table
+    assert table.rstrip().count("0.60 0.25") == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from adaptspec.tools.bench.cells import class_counters
+from adaptspec.tools.bench.cells import _spec_counters, class_counters
 from adaptspec.tools.promtext import parse_metrics
 
 
@@ -28,3 +28,23 @@ def test_class_counters_say_where_the_cut_dropped_draft_tokens() -> None:
     assert got["chat"] == {"drafted": 40.0, "confidence_drafts": 10.0, "confidence_cut": 3.0,
                            "trimmed": 5.0}
     assert got["code"] == {"trimmed": 1.0}
+
+
+def test_per_position_counters_of_adaptspec_and_of_vllm() -> None:
+    reg = CollectorRegistry()
+    drafted = Counter("adaptspec_draft_tokens_per_pos", "", ["class", "position"],
+                      registry=reg)
+    accepted = Counter("adaptspec_accepted_tokens_per_pos", "", ["class", "position"],
+                       registry=reg)
+    vllm_acc = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "",
+                       ["engine", "position"], registry=reg)
+    drafted.labels("chat", "0").inc(10)
+    drafted.labels("chat", "1").inc(6)
+    accepted.labels("chat", "0").inc(7)
+    vllm_acc.labels("0", "0").inc(5)
+    vllm_acc.labels("0", "1").inc(2)
+    m = _parsed(reg)
+    assert class_counters(m)["chat"] == {"drafted_pos0": 10.0, "drafted_pos1": 6.0,
+                                         "accepted_pos0": 7.0}
+    spec = _spec_counters(m)
+    assert spec["accepted_pos:0"] == 5.0 and spec["accepted_pos:1"] == 2.0

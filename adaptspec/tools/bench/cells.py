@@ -75,7 +75,8 @@ class Sampler:
 def class_counters(m: dict[str, dict]) -> dict[str, dict[str, float]]:
     """Cumulative per-class adaptspec counters: drafted, accepted, chosen K sum and count, the
     speculating decisions per proposer chosen (`speculate_<proposer>`), the drafts each
-    proposer had verified and accepted (`drafted_<proposer>`, `accepted_<proposer>`), and the
+    proposer had verified and accepted (`drafted_<proposer>`, `accepted_<proposer>`), per draft
+    position j (`drafted_pos<j>`, `accepted_pos<j>`), and the
     draft tokens the cut dropped (`confidence_cut`, `trimmed`; `confidence_drafts`: drafts
     that reached it with a confidence)."""
     out: dict[str, dict[str, float]] = {}
@@ -96,6 +97,14 @@ def class_counters(m: dict[str, dict]) -> dict[str, dict[str, float]]:
             if "class" in d and "proposer" in d:
                 row = out.setdefault(d["class"], {})
                 row[key + d["proposer"]] = row.get(key + d["proposer"], 0.0) + v
+    # ... and per draft position (0-based; the class's drafts of every proposer)
+    for metric, key in (("adaptspec_draft_tokens_per_pos_total", "drafted_pos"),
+                        ("adaptspec_accepted_tokens_per_pos_total", "accepted_pos")):
+        for labels, v in m.get(metric, {}).items():
+            d = dict(labels)
+            if "class" in d and "position" in d:
+                row = out.setdefault(d["class"], {})
+                row[key + d["position"]] = row.get(key + d["position"], 0.0) + v
     add("adaptspec_chosen_k_sum", "k_sum")
     add("adaptspec_chosen_k_count", "k_count")
     # where proposed drafts went before verification: cut for low confidence, or trimmed
@@ -127,6 +136,10 @@ def _spec_counters(m: dict[str, dict]) -> dict[str, float]:
             # adaptspec's in-engine account of its speculating steps against plain decoding
             "adaptspec_payoff_lost_ms_total", "adaptspec_payoff_saved_ms_total")
     out = {k: sum(m.get(k, {}).values()) for k in keys}
+    # vLLM's accepted draft tokens per position (0-based): "accepted_pos:<j>"
+    for labels, v in m.get("vllm:spec_decode_num_accepted_tokens_per_pos_total", {}).items():
+        key = f"accepted_pos:{dict(labels).get('position', '?')}"
+        out[key] = out.get(key, 0.0) + v
     # the hybrid's draft model: the controller's fit of its cost (ms per draft token, per
     # catch-up token), for the simulator's hybrid
     for labels, v in m.get("adaptspec_draft_model_cost_ms", {}).items():

@@ -213,6 +213,8 @@ def run_repeat(configs: list[Config], model: str, rendered: dict[str, str],
             "adaptspec_counters": _delta(cs[-1]["class_after"], cs[0]["class_before"]),
             "vllm_draft_tokens": spec.get("vllm:spec_decode_num_draft_tokens_total", 0.0),
             "vllm_accepted_tokens": spec.get("vllm:spec_decode_num_accepted_tokens_total", 0.0),
+            "vllm_drafts": spec.get("vllm:spec_decode_num_drafts_total", 0.0),
+            "vllm_accepted_pos": _prefixed(spec, "accepted_pos:"),
             # What its speculating steps saved (> 0) or lost against plain decoding's step time
             # at the same batch size, by the server's own step timings: a paired measure
             # within one server, far less noisy than wall time against another server.

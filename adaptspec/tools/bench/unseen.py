@@ -215,6 +215,26 @@ def decode_over_plain(rep: dict[str, dict[str, Any]], name: str) -> float | None
     return mine / ref if mine and ref else None
 
 
+def reach_by_position(r: dict[str, Any]) -> list[float] | None:
+    """Per draft position j (0-based): the share of drafts reaching j whose tokens up to j were
+    all accepted. An adaptive server's from its own per-position counters (every class); a
+    static one's from vLLM's accepted-per-position over its drafts (each drafted to K: a
+    shorter draft, near the end of its match, counts as reaching K)."""
+    mine: dict[str, float] = {}
+    for row in r.get("adaptspec_counters", {}).values():
+        for key, v in row.items():
+            if key.startswith(("drafted_pos", "accepted_pos")):
+                mine[key] = mine.get(key, 0.0) + v
+    if mine:
+        depth = sum(k.startswith("drafted_pos") for k in mine)
+        reached = [mine.get(f"drafted_pos{j}", 0.0) for j in range(depth)]
+        return [mine.get(f"accepted_pos{j}", 0.0) / d for j, d in enumerate(reached) if d]
+    drafts, acc = r.get("vllm_drafts", 0.0), r.get("vllm_accepted_pos") or {}
+    if not drafts or not acc:
+        return None
+    return [acc[j] / drafts for j in sorted(acc, key=int)]
+
+
 def own_plain_decode(r: dict[str, Any], batch: int) -> float | None:
     """Tokens per second of a server's decode steps (by its engine account, every batch size,
     plain and speculating) over its own plain steps' at `batch` requests: what speculation
@@ -341,6 +361,14 @@ def format_table(repeats: list[dict[str, dict[str, Any]]], verdict: dict[str, An
             speed = " ".join(f"{x['plain_x_plain']:.3f}" for x in side)
             lines.append(f"{name}: beside LC ({batch + 1} requests) drafting steps {steps}; "
                          f"its plain steps there x plain's {speed} (repeats)")
+    for name in repeats[0]:
+        reach = [x for rep in repeats if (x := reach_by_position(rep[name]))]
+        if reach:
+            depth = max(len(x) for x in reach)
+            cols = " ".join(f"{statistics.median(x[j] for x in reach if len(x) > j):.2f}"
+                            for j in range(depth))
+            lines.append(f"{name}: drafts accepted through each position, of those reaching it "
+                         f"(median over repeats): {cols}")
     for name, g in verdict.get("goals", {}).items():
         best, pair = g["no_lc_over_best_static"], g.get("paired")
         paired = (f" (paired with {pair['over']}: {pair['median']:.3f}x, "
