@@ -38,6 +38,9 @@ SCHEDULER_CLS = "adaptspec_vllm.scheduler.AdaptiveScheduler"
 # ... over vLLM's AsyncScheduler: the plugin resolves either name to the one for the engine's
 # scheduling mode (adaptspec_vllm.register)
 ASYNC_SCHEDULER_CLS = "adaptspec_vllm.scheduler.AdaptiveAsyncScheduler"
+# vLLM's synchronous scheduler as it is, with adaptspec's engine time account only: a static
+# configuration (or plain decoding) measured the way an adaptive one is
+ACCOUNT_SCHEDULER_CLS = "adaptspec_vllm.scheduler.AccountScheduler"
 POLICY_ENV = "ADAPTSPEC_POLICY"  # the plugin (adaptspec_vllm) reads its policy from it
 DRAFT_ENV = "ADAPTSPEC_DRAFT_MODEL"
 PROPOSERS = {

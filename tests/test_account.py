@@ -268,12 +268,14 @@ os.environ["ADAPTSPEC_POLICY"] = cfg["policy"]
 from prometheus_client import REGISTRY, generate_latest
 from vllm import LLM, SamplingParams
 from adaptspec_vllm.run_engine import _register_kernel_overrides_once
-from adaptspec.serve import SCHEDULER_CLS
+from adaptspec.serve import ACCOUNT_SCHEDULER_CLS, SCHEDULER_CLS
 results = {}
 for name, spec in cfg["engines"].items():
+    # "static": vLLM's own K under AccountScheduler (the account alone)
     kw = dict(model=cfg["model"], dtype="float32", max_model_len=512, max_num_seqs=8,
               enforce_eager=True, seed=0, distributed_executor_backend="uni",
-              scheduler_cls=SCHEDULER_CLS)
+              scheduler_cls=ACCOUNT_SCHEDULER_CLS if name == "static" else SCHEDULER_CLS,
+              async_scheduling=False)
     if spec:
         kw["speculative_config"] = spec
     llm = LLM(**kw)
@@ -285,6 +287,15 @@ for name, spec in cfg["engines"].items():
         added.append(time.perf_counter())
         return add_request(request)
     sched.add_request = timed_add
+    planned, lengths = [False], {}  # a plan attached to any step; drafts scheduled by length
+    schedule = sched.schedule
+    def recorded_schedule(*a, **k):
+        out = schedule(*a, **k)
+        planned[0] |= hasattr(out, "adaptspec_plan")
+        for d in out.scheduled_spec_decode_tokens.values():
+            lengths[len(d)] = lengths.get(len(d), 0) + 1
+        return out
+    sched.schedule = recorded_schedule
     walls, engine_walls = [], []
     for i in range(2):
         if i:
@@ -300,7 +311,8 @@ for name, spec in cfg["engines"].items():
         "walls": walls, "engine_walls": engine_walls,
         "snapshot": acct.snapshot(), "total": acct.total(),
         "span": acct.span(), "accounting": sched._accounting,
-        "runtime": sched.runtime is not None,
+        "runtime": sched.runtime is not None, "scheduler": type(sched).__name__,
+        "planned": planned[0], "draft_lengths": lengths,
         "series": "".join(l + "\n" for l in generate_latest(REGISTRY).decode().splitlines()
                           if l.startswith("adaptspec_engine_"))}
     llm.llm_engine.engine_core.shutdown()
@@ -324,12 +336,12 @@ def engine_accounts(tiny_models: dict, tmp_path_factory: pytest.TempPathFactory
     policy = tmp / "policy.yaml"
     policy.write_text(policy_text())  # free drafting: the tiny model's speculation happens
     prompt = "def add(a, b):\n    return a + b\n\n"
+    ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+             "prompt_lookup_min": 2}
     cfg = {"model": tiny_models["target"], "policy": str(policy), "out": str(tmp / "out.json"),
            "max_tokens": 48, "pause": PAUSE_S,
            "prompts": [prompt * (1 + i % 3) + f"def f{i}(x):\n" for i in range(6)],
-           "engines": {"plain": None,
-                       "ngram": {"method": "ngram", "num_speculative_tokens": 4,
-                                 "prompt_lookup_max": 4, "prompt_lookup_min": 2}}}
+           "engines": {"plain": None, "ngram": ngram, "static": ngram}}
     log = tmp / "engine.log"
     with open(log, "w") as f:
         proc = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, json.dumps(cfg)],
@@ -339,7 +351,7 @@ def engine_accounts(tiny_models: dict, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("name", ["plain", "ngram"])
+@pytest.mark.parametrize("name", ["plain", "ngram", "static"])
 def test_a_real_engine_accounts_its_time_within_the_wall_clock(
         engine_accounts: dict[str, dict[str, Any]], name: str) -> None:
     res = engine_accounts[name]
@@ -347,13 +359,20 @@ def test_a_real_engine_accounts_its_time_within_the_wall_clock(
     print(f"{name}: account {json.dumps(snap['seconds'])} total {res['total']:.4f} s, "
           f"generate walls {walls}, engine walls {res['engine_walls']}")
     assert res["accounting"] and res["runtime"] == (name == "ngram")
+    # AccountScheduler: vLLM's drafts at its configured K, no plan, the same account
+    assert res["planned"] == (name == "ngram")
+    assert res["scheduler"] == ("AccountScheduler" if name == "static" else "AdaptiveScheduler")
+    print(f"{name}: drafts scheduled by length {res['draft_lengths']}")
+    if name == "static":  # (shorter ones: vLLM's n-gram found fewer tokens after its match)
+        lengths = {int(k): v for k, v in res["draft_lengths"].items()}
+        assert max(lengths) == 4 and lengths[4] == max(lengths.values())
     seconds = snap["seconds"]
     assert sum(seconds.values()) == pytest.approx(res["total"], rel=1e-12)
     assert res["total"] == pytest.approx(res["span"], rel=1e-9)
     assert seconds["prefill"] > 0 and seconds["first_shape"] > 0 and seconds["between"] > 0
     decode = seconds["decode_plain"] + seconds["decode_spec"]
     assert decode > 0
-    if name == "ngram":
+    if name != "plain":
         assert seconds["decode_spec"] > 0 and snap["decode"]["decode_spec"]
     else:
         assert seconds["decode_spec"] == 0 and snap["steps"]["decode_spec"] == 0

@@ -84,6 +84,7 @@ class _Adaptive:
     running: list[Any]
 
     _accounting = False  # (set by __init__; an instance built otherwise accounts nothing)
+    _adapts = True  # False: the engine time account only (AccountScheduler)
     _async = False  # over vLLM's AsyncScheduler (set by __init__)
     _last_update: float | None = None  # when the last update_from_output began
     _busy = False  # requests were left unfinished after the last update
@@ -106,6 +107,13 @@ class _Adaptive:
         self.account = (EngineAccount() if account_metrics is None else
                         EngineAccount(account_metrics.add, account_metrics.add_decode))
         self._accounting = True
+        if not self._adapts:
+            if vllm_config.scheduler_config.async_scheduling:
+                raise RuntimeError("adaptspec: AccountScheduler is vLLM's synchronous "
+                                   "scheduler; add --no-async-scheduling")
+            log.info("adaptspec: the engine time account only; drafts and K are vLLM's as "
+                     "configured")
+            return
         spec = vllm_config.speculative_config
         if spec is None or not spec.num_speculative_tokens:
             log.warning("adaptspec: no speculative decoding configured; the scheduler is vLLM's")
@@ -334,6 +342,14 @@ class AdaptiveScheduler(_Adaptive, Scheduler):
 
 class AdaptiveAsyncScheduler(_Adaptive, AsyncScheduler):
     """adaptspec over vLLM's AsyncScheduler (async scheduling)."""
+
+
+class AccountScheduler(_Adaptive, Scheduler):
+    """vLLM's synchronous Scheduler unchanged (its speculative config, static K included, as
+    configured), with adaptspec's engine time account: the static arm of an A/B measured by the
+    same account and series as the adaptive one."""
+
+    _adapts = False
 
 
 def _feedback(scheduler_output: Any, model_runner_output: Any, live: Any = None

@@ -17,6 +17,7 @@ from typing import Any
 
 from adaptspec.policy import shipped_policy
 from adaptspec.serve import (
+    ACCOUNT_SCHEDULER_CLS,
     DRAFT_ENV,
     POLICY_ENV,
     PROPOSERS,
@@ -48,10 +49,16 @@ class Config:
     # Policy keys set on top of the run's policy (see policy_for); "classes": {"*": {...}}
     # sets those fields in every class that is not latency-critical.
     policy: dict[str, Any] = field(default_factory=dict)
-    # A plain server (spec None) run by adaptspec's scheduler, which then only keeps the
-    # engine's time account (adaptspec/account.py): plain vLLM's account beside adaptspec's.
+    # A server that is not adaptive run by adaptspec's AccountScheduler, which only keeps the
+    # engine's time account (adaptspec/account.py): plain or static vLLM's account beside
+    # adaptspec's.
     account: bool = False
     args: tuple[str, ...] = ()  # more of vLLM's server flags (--data-parallel-size 2)
+
+    def __post_init__(self) -> None:
+        if self.account and not self.adaptive and self.spec is not None and not self.sync:
+            raise ValueError(f"{self.name}: a static configuration's account needs sync "
+                             "scheduling (AccountScheduler is vLLM's synchronous scheduler)")
 
 
 @dataclass
@@ -123,7 +130,7 @@ def make_configs(draft: str, sizes: Sizes, self_draft: str | None = None,
                                           "num_speculative_tokens": k}, family="draft_model")
                 for k in sizes.draft_k]
 
-    # plain vLLM, run by adaptspec's scheduler for the engine's time account only
+    # plain vLLM, run by adaptspec's AccountScheduler for the engine's time account only
     out = [Config("none", None, account=True)]
     out += [Config(f"vllm_ngram_k{k}", {**ngram, "num_speculative_tokens": k}, family="ngram")
             for k in sizes.ngram_k]
@@ -211,6 +218,10 @@ class Server:
         if cfg.sync:
             args += ["--no-async-scheduling"]
         args += cfg.args
+        if cfg.account and not cfg.adaptive and cfg.sync:
+            args += ["--scheduler-cls", ACCOUNT_SCHEDULER_CLS]
+        # (a plain server under async scheduling: AdaptiveScheduler's, which without a
+        # speculative config keeps the account alone)
         cmd = server_command(model, args, adaptive=cfg.adaptive or cfg.account)
         # the plugin's variables only where this configuration sets them, never inherited
         base = {k: v for k, v in os.environ.items() if k not in (POLICY_ENV, DRAFT_ENV)}

@@ -10,8 +10,9 @@ order rotating); every other slice carries one latency-critical request sent LC_
 so each server serves the stream with and without latency-critical traffic, and each half is
 compared slice by slice with the same requests on plain decoding.
 
-Configurations: plain (`none_sync`, run by adaptspec's scheduler with nothing to decide, so that
-it keeps the engine's time account), vLLM's static n-gram at K = 2, 4 and 8 (lookup 2 to 4),
+Configurations: plain (`none_sync`) and vLLM's static n-gram at K = 2, 4 and 8 (lookup 2 to 4),
+each run by adaptspec's AccountScheduler (vLLM's scheduler as it is, keeping the engine's time
+account),
 adaptspec over vLLM's n-gram (K <= 8) and adaptspec over its own n-gram proposer (K <= 8), with
 the shipped default policy. At most 3 servers run at once: each group is `none_sync` and two
 more, each compared with its own group's `none_sync`; each adaptive configuration shares its
@@ -63,15 +64,17 @@ def _ngram(k: int) -> dict[str, Any]:
 
 CONFIGS = (
     Config(PLAIN, None, sync=True, account=True),
-    *(Config(f"vllm_ngram_k{k}", _ngram(k), family="ngram", sync=True) for k in (2, 4, 8)),
+    # (with the engine's time account, as plain's: vLLM's own drafts and K, AccountScheduler)
+    *(Config(f"vllm_ngram_k{k}", _ngram(k), family="ngram", sync=True, account=True)
+      for k in (2, 4, 8)),
     Config("adaptspec_vllm_ngram", _ngram(8), adaptive=True, family="ngram"),
     Config("adaptspec", {"method": "custom_class", "model": OURS_NGRAM,
                          "num_speculative_tokens": 8}, adaptive=True, family="ours"),
 )
 # Not run unless named: adaptspec's machinery at vLLM's static K=2 (every class that may draft
-# drafts exactly 2, no exploration), so that a static K's time has an engine account beside
-# adaptspec's (vLLM's own scheduler keeps none). bench/engine_ab.py measured the machinery at
-# vLLM's K=2 speed (docs/unseen.md).
+# drafts exactly 2, no exploration): what the machinery costs beside vLLM's own K=2, whose
+# account AccountScheduler keeps. bench/engine_ab.py measured the machinery at vLLM's K=2 speed
+# (docs/unseen.md).
 FIXED_K2 = Config("adaptspec_k2", CONFIGS[-1].spec, adaptive=True, family="ours", policy={
     "k_max": 2, "exploration": 0.0, "classes": {"*": {"k_min": 2, "k_max": 2}}})
 STATIC = ("vllm_ngram_k2", "vllm_ngram_k4", "vllm_ngram_k8")
