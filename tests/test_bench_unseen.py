@@ -247,3 +247,14 @@ def test_reach_by_position_of_an_adaptive_and_of_a_static_server() -> None:
         {})
     assert "vllm_ngram_k2: drafts accepted through each position" in table
     assert table.rstrip().count("0.60 0.25") == 1
+
+
+def test_static_servers_keep_the_account_under_sync_scheduling_only() -> None:
+    from adaptspec.tools.bench.servers import Config
+
+    static = [c for c in unseen.CONFIGS if c.name in unseen.STATIC]
+    assert static and all(c.account and c.sync and not c.adaptive for c in static)
+    # AccountScheduler is vLLM's synchronous scheduler: an async static server is refused
+    with pytest.raises(ValueError, match="sync scheduling"):
+        Config("k2_async", static[0].spec, account=True)
+    Config("plain_async", None, account=True)  # plain: AdaptiveScheduler keeps the account
