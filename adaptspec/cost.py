@@ -253,9 +253,9 @@ class StepCostModel:
         # this CPU), and at the reference's weight the prior held the per-token price near
         # its preset's (33 ms served where the steps said 18). Only ever weaker: where the
         # reference already weighs less, it stays.
-        seen = x != 0
-        steps = decay @ seen
-        info = (decay @ (seen * (x / y[:, None]) ** 2)) / np.maximum(steps, 1e-12)
+        steps = decay @ (x != 0)
+        # (a step that did not measure a feature adds 0 to its sum: its x is 0)
+        info = (w @ x**2) / np.maximum(steps, 1e-12)
         d = np.arange(N_FEATURES)[steps > 0]
         prior_prec[d, d] = np.minimum(prior_prec[d, d], self.prior_weight * info[d])
         xw_t = (x * w[:, None]).T

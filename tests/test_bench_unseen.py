@@ -81,6 +81,26 @@ def test_verdict_pairs_slices_with_and_without_lc() -> None:
     assert pair["median"] == pytest.approx(0.9)
 
 
+def test_pairing_follows_the_group_each_result_ran_in() -> None:
+    """Over vLLM's n-gram, beside K=2 in one group (`--configs vllm_ngram_k2
+    adaptspec_vllm_ngram`), the pair is K=2, not PAIRS' K=4 that did not run; results of a run
+    that recorded no groups keep PAIRS'."""
+    lc = [False, True]
+    plain = [10.0, 10.0]
+    rep = {"vllm_ngram_k2": {**_run([8.0, 10.0], 100.0, plain, 100.0), "group": 0},
+           "vllm_ngram_k8": {**_run([9.0, 10.0], 100.0, plain, 100.0), "group": 1},
+           "adaptspec_vllm_ngram": {**_run([10.0, 10.0], 100.0, plain, 100.0), "group": 0}}
+    assert unseen.pair_of([rep], "adaptspec_vllm_ngram") == "vllm_ngram_k2"
+    pair = unseen.judge([rep], lc)["goals"]["adaptspec_vllm_ngram"]["paired"]
+    assert pair["over"] == "vllm_ngram_k2" and pair["median"] == pytest.approx(0.8)
+    rep["vllm_ngram_k2"]["group"] = 1  # K=2 elsewhere, nothing static beside it
+    assert unseen.pair_of([rep], "adaptspec_vllm_ngram") is None
+    assert unseen.judge([rep], lc)["goals"]["adaptspec_vllm_ngram"]["paired"] is None
+    for r in rep.values():
+        del r["group"]
+    assert unseen.pair_of([rep], "adaptspec_vllm_ngram") == "vllm_ngram_k4"
+
+
 def test_table_and_account_share() -> None:
     lc = [False, True]
     plain = {"slice_wall_s": [10.0, 10.0], "lc_median_gap_ms": 100.0, "wall_s": 20.0,

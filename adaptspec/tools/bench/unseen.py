@@ -168,25 +168,33 @@ def judge(repeats: list[dict[str, dict[str, Any]]], lc_slices: list[bool]) -> di
     out["goals"] = {name: {
         "no_lc_over_best_static": out[name]["no_lc"]["median"] / best_static
         if best_static else None,
-        "paired": _paired(out, name),
+        "paired": paired(out, name, lambda v: v.get("no_lc", {}).get("per_repeat"),
+                         pair_of(repeats, name)),
         "with_lc_over_plain": out[name]["with_lc"]["median"],
         "lc_gap_over_plain": out[name]["lc_gap"]["median"]}
         for name in ADAPTIVE if name in out and "with_lc" in out[name]}
     return out
 
 
-def _paired(out: dict[str, Any], name: str) -> dict[str, Any] | None:
-    """An adaptive configuration over its static pair, repeat by repeat (slices without
-    latency-critical traffic; both over the same group's plain server)."""
-    return paired(out, name, lambda v: v.get("no_lc", {}).get("per_repeat"))
+def pair_of(repeats: list[dict[str, dict[str, Any]]], name: str) -> str | None:
+    """The static K `name` is paired with: its PAIRS entry where that ran in its group, else
+    the first static K that did (each result carries its group since the run records one);
+    PAIRS' entry for results without groups."""
+    rep = repeats[0] if repeats else {}
+    group = rep.get(name, {}).get("group")
+    if group is None:
+        return PAIRS.get(name)
+    beside = [s for s in STATIC if rep.get(s, {}).get("group") == group]
+    return PAIRS.get(name) if PAIRS.get(name) in beside else next(iter(beside), None)
 
 
 def paired(out: dict[str, Any], name: str,
-           per_repeat: Callable[[dict[str, Any]], list[float] | None]) -> dict[str, Any] | None:
-    """`name` over the static K of its group (PAIRS), repeat by repeat, from each one's
+           per_repeat: Callable[[dict[str, Any]], list[float] | None],
+           static: str | None = None) -> dict[str, Any] | None:
+    """`name` over `static` (default: its PAIRS entry), repeat by repeat, from each one's
     per-repeat ratios over its group's plain server (`per_repeat` reads them from a verdict
     entry); None without both or with unequal repeats."""
-    static = PAIRS.get(name)
+    static = static or PAIRS.get(name)
     mine = per_repeat(out.get(name, {}))
     theirs = per_repeat(out.get(static or "", {}))
     if not static or not mine or not theirs or len(mine) != len(theirs):
@@ -404,6 +412,7 @@ def run(args: argparse.Namespace) -> int:
                          eager=not args.compiled, slice_requests=size)
         ref = res.pop(PLAIN)
         for r in res.values():
+            r["group"] = g
             r["reference"] = {k: ref[k] for k in ("slice_wall_s", "lc_median_gap_ms",
                                                   "slice_engine")}
             r["reference"]["engine_decode"] = ref.get("engine_decode")
