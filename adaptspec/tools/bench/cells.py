@@ -89,22 +89,18 @@ def class_counters(m: dict[str, dict]) -> dict[str, dict[str, float]]:
 
     add("adaptspec_draft_tokens_total", "drafted")
     add("adaptspec_accepted_tokens_total", "accepted")
-    # ... and per proposer, what the simulator's hybrid is fitted to
-    for metric, key in (("adaptspec_draft_tokens_total", "drafted_"),
-                        ("adaptspec_accepted_tokens_total", "accepted_")):
+    # ... and per proposer (what the simulator's hybrid is fitted to) and per draft position
+    # (0-based; the class's drafts of every proposer)
+    for metric, key, label in (
+            ("adaptspec_draft_tokens_total", "drafted_", "proposer"),
+            ("adaptspec_accepted_tokens_total", "accepted_", "proposer"),
+            ("adaptspec_draft_tokens_per_pos_total", "drafted_pos", "position"),
+            ("adaptspec_accepted_tokens_per_pos_total", "accepted_pos", "position")):
         for labels, v in m.get(metric, {}).items():
             d = dict(labels)
-            if "class" in d and "proposer" in d:
+            if "class" in d and label in d:
                 row = out.setdefault(d["class"], {})
-                row[key + d["proposer"]] = row.get(key + d["proposer"], 0.0) + v
-    # ... and per draft position (0-based; the class's drafts of every proposer)
-    for metric, key in (("adaptspec_draft_tokens_per_pos_total", "drafted_pos"),
-                        ("adaptspec_accepted_tokens_per_pos_total", "accepted_pos")):
-        for labels, v in m.get(metric, {}).items():
-            d = dict(labels)
-            if "class" in d and "position" in d:
-                row = out.setdefault(d["class"], {})
-                row[key + d["position"]] = row.get(key + d["position"], 0.0) + v
+                row[key + d[label]] = row.get(key + d[label], 0.0) + v
     add("adaptspec_chosen_k_sum", "k_sum")
     add("adaptspec_chosen_k_count", "k_count")
     # where proposed drafts went before verification: cut for low confidence, or trimmed
