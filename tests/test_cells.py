@@ -48,3 +48,17 @@ def test_per_position_counters_of_adaptspec_and_of_vllm() -> None:
                                          "accepted_pos0": 7.0}
     spec = _spec_counters(m)
     assert spec["accepted_pos:0"] == 5.0 and spec["accepted_pos:1"] == 2.0
+
+
+def test_per_proposer_counters_beside_the_class_totals() -> None:
+    """A class's drafted and accepted tokens by proposer (what the simulator's hybrid is fitted
+    to), beside its totals over every proposer."""
+    reg = CollectorRegistry()
+    drafted = Counter("adaptspec_draft_tokens", "", ["class", "proposer"], registry=reg)
+    accepted = Counter("adaptspec_accepted_tokens", "", ["class", "proposer"], registry=reg)
+    drafted.labels("chat", "ngram").inc(20)
+    drafted.labels("chat", "suffix").inc(3)
+    accepted.labels("chat", "ngram").inc(15)
+    assert class_counters(_parsed(reg))["chat"] == {
+        "drafted": 23.0, "accepted": 15.0, "drafted_ngram": 20.0, "drafted_suffix": 3.0,
+        "accepted_ngram": 15.0}
