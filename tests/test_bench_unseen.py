@@ -96,6 +96,10 @@ def test_pairing_follows_the_group_each_result_ran_in() -> None:
     rep["vllm_ngram_k2"]["group"] = 1  # K=2 elsewhere, nothing static beside it
     assert unseen.pair_of([rep], "adaptspec_vllm_ngram") is None
     assert unseen.judge([rep], lc)["goals"]["adaptspec_vllm_ngram"]["paired"] is None
+    # nor PAIRS' K=4 where it ran in another group
+    rep["vllm_ngram_k4"] = {**_run([8.0, 10.0], 100.0, plain, 100.0), "group": 1}
+    assert unseen.judge([rep], lc)["goals"]["adaptspec_vllm_ngram"]["paired"] is None
+    del rep["vllm_ngram_k4"]
     for r in rep.values():
         del r["group"]
     assert unseen.pair_of([rep], "adaptspec_vllm_ngram") == "vllm_ngram_k4"

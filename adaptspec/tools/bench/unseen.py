@@ -190,11 +190,10 @@ def pair_of(repeats: list[dict[str, dict[str, Any]]], name: str) -> str | None:
 
 def paired(out: dict[str, Any], name: str,
            per_repeat: Callable[[dict[str, Any]], list[float] | None],
-           static: str | None = None) -> dict[str, Any] | None:
-    """`name` over `static` (default: its PAIRS entry), repeat by repeat, from each one's
+           static: str | None) -> dict[str, Any] | None:
+    """`name` over `static` (the static K of its group), repeat by repeat, from each one's
     per-repeat ratios over its group's plain server (`per_repeat` reads them from a verdict
     entry); None without both or with unequal repeats."""
-    static = static or PAIRS.get(name)
     mine = per_repeat(out.get(name, {}))
     theirs = per_repeat(out.get(static or "", {}))
     if not static or not mine or not theirs or len(mine) != len(theirs):

@@ -30,7 +30,15 @@ from typing import Any
 
 from adaptspec.tools.bench.nopay import DEFAULT_POLICY, _start, report
 from adaptspec.tools.bench.prompts import load_unseen_chat
-from adaptspec.tools.bench.unseen import ADAPTIVE, PLAIN, STATIC, chosen, group_runs, paired
+from adaptspec.tools.bench.unseen import (
+    ADAPTIVE,
+    PAIRS,
+    PLAIN,
+    STATIC,
+    chosen,
+    group_runs,
+    paired,
+)
 
 # The client in a process of its own: it imports vLLM, which this package never does.
 CLIENT = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
@@ -84,7 +92,7 @@ def judge(repeats: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
     out["goals"] = {n: {"over_best_static": out[n]["median"] / best if best else None,
                         # (both ran on the same repeat's servers, back to back: the
                         # machine's drift between groups and repeats divides out)
-                        "paired": paired(out, n, lambda v: v.get("per_repeat"))}
+                        "paired": paired(out, n, lambda v: v.get("per_repeat"), PAIRS.get(n))}
                     for n in ADAPTIVE if n in out}
     return out
 
