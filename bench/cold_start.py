@@ -1,15 +1,26 @@
-"""A fresh engine's first minutes: what adaptspec drafts, cuts and gets accepted, slice by slice.
+"""A fresh engine's first minutes: what it drafts, cuts and gets accepted, slice by slice.
 
 One in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) runs the short unseen chat prompts in
 slices of 8 (64 tokens, 4 at a time, greedy) after `bench unseen`'s warm-up (two of them, 8
 tokens), and counts per slice: engine steps, draft tokens proposed, kept after the plan's K,
-kept after the confidence cut, verified and accepted, and how many of the cut's decisions used
-a calibrated confidence bin and how many only ranked drafts by an uncalibrated one
-(Controller.cut).
+kept after the confidence cut, verified and accepted, how many of the cut's decisions used a
+calibrated confidence bin and how many only ranked drafts by an uncalibrated one
+(Controller.cut), and by draft position the drafts that reached it and those accepted through
+it (`reached_j`, `accepted_j`). Also per slice: the steps each request took (`request_steps`,
+sorted), the steps that ran fewer requests than the engine's batch (`short_steps`), and per
+draft-token count of the decode steps at the full batch their median ms and, on an adaptive
+engine, what its step-time model predicts for them at the slice's end (`full_batch_ms`).
 
-    python bench/cold_start.py [default|k2] [--slices 4] [--json OUT]
+A slice ends with its slowest request, so a configuration that saves request steps off the
+slowest one's path turns them into short steps, and the slice takes as many steps as before.
+Wall times of engines run one after another move with the machine (10% between runs here);
+steps, drafts and acceptance do not.
+
+    python bench/cold_start.py [default|k2|vllm|ngram2] [--slices 4] [--json OUT]
 
 `k2` is `bench unseen`'s adaptspec_k2: the same machinery drafting K=2 whatever it learned.
+`vllm` is adaptspec over vLLM's n-gram (adaptspec_vllm_ngram), `ngram2` vLLM's static n-gram
+K=2 alone (vllm_ngram_k2: no controller, so the plan's and the cut's counts are absent).
 """
 
 from __future__ import annotations
@@ -30,7 +41,8 @@ import engine_ab  # noqa: E402  (the engines the A/B builds: same model, sizes a
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("policy", nargs="?", default="default", choices=("default", "k2"))
+    ap.add_argument("policy", nargs="?", default="default",
+                    choices=("default", "k2", "vllm", "ngram2"))
     ap.add_argument("--slices", type=int, default=4)
     ap.add_argument("--model", default=engine_ab.DEFAULT_MODEL)
     ap.add_argument("--json", type=Path, default=None)
@@ -42,22 +54,43 @@ def main(argv: list[str] | None = None) -> int:
         from adaptspec.tools.bench.unseen import fixed_k2_policy
 
         policy = str(fixed_k2_policy(Path(tempfile.mkdtemp())))
-    os.environ["ADAPTSPEC_POLICY"] = policy
+    if args.policy == "ngram2":
+        # (a policy in the environment makes vLLM's default scheduler adaptspec's)
+        os.environ.pop("ADAPTSPEC_POLICY", None)
+    else:
+        os.environ["ADAPTSPEC_POLICY"] = policy
     import numpy as np
     from vllm import SamplingParams
 
     from adaptspec.tools.bench.prompts import load_unseen_chat
 
-    llm = engine_ab.build("adaptspec", args.model)
+    mode = {"vllm": "adaptspec_vllm", "ngram2": "ngram2"}.get(args.policy, "adaptspec")
+    llm = engine_ab.build(mode, args.model)
     chats = [[{"role": "user", "content": d["prompt"]}] for d in load_unseen_chat()["short"]]
-    sched = llm.llm_engine.engine_core.engine_core.scheduler
+    core = llm.llm_engine.engine_core.engine_core
+    sched = core.scheduler
     count: collections.Counter[str] = collections.Counter()
     update_drafts, update_output = sched.update_draft_token_ids, sched.update_from_output
-    calibration = sched.runtime.controller.confidence
-    shift = calibration.shift
+    runtime = getattr(sched, "runtime", None)  # (None: vLLM's own scheduler)
+    request_steps: collections.Counter[str] = collections.Counter()
+    # Decode steps at the full batch: draft tokens -> ms of each (schedule, model, update).
+    full_ms: collections.defaultdict[int, list[float]] = collections.defaultdict(list)
+    shape: list[Any] = [None]  # (draft tokens, whether only decodes) of the step running
+    step_fn = core.step_fn
+
+    def timed_step() -> Any:
+        t0 = time.perf_counter()
+        out = step_fn()
+        if shape[0] is not None and shape[0][1]:
+            full_ms[shape[0][0]].append((time.perf_counter() - t0) * 1e3)
+        shape[0] = None
+        return out
 
     def counted_drafts(dt: Any) -> None:
-        plan = sched.runtime.plan_for(dt.req_ids)
+        if runtime is None:
+            update_drafts(dt)
+            return
+        plan = runtime.plan_for(dt.req_ids)
         count["proposed"] += sum(len(x) for x in dt.draft_token_ids)
         count["after_k"] += sum(min(len(x), plan.k_of(r))
                                 for r, x in zip(dt.req_ids, dt.draft_token_ids, strict=True))
@@ -67,11 +100,21 @@ def main(argv: list[str] | None = None) -> int:
 
     def counted_output(so: Any, out: Any) -> Any:
         count["steps"] += 1
+        batch = [r for r, n in so.num_scheduled_tokens.items() if n]
+        request_steps.update(batch)
+        spec = sum(map(len, so.scheduled_spec_decode_tokens.values()))
+        decode_only = so.total_num_scheduled_tokens == len(batch) + spec
+        shape[0] = (spec, decode_only and len(batch) == sched.max_num_running_reqs)
+        count["short_steps"] += len(batch) < sched.max_num_running_reqs
         for rid, d in so.scheduled_spec_decode_tokens.items():
             i = out.req_id_to_index.get(rid)
             if d and i is not None:
+                a = len(out.sampled_token_ids[i]) - 1
                 count["verified"] += len(d)
-                count["accepted"] += len(out.sampled_token_ids[i]) - 1
+                count["accepted"] += a
+                for j in range(len(d)):
+                    count[f"reached_{j}"] += 1
+                    count[f"accepted_{j}"] += j < a
         return update_output(so, out)
 
     def counted_shift(rows: Any, conf: Any) -> Any:
@@ -81,19 +124,43 @@ def main(argv: list[str] | None = None) -> int:
         return s
 
     sched.update_draft_token_ids, sched.update_from_output = counted_drafts, counted_output
-    calibration.shift = counted_shift
+    core.step_fn = timed_step
+    if runtime is not None:
+        calibration = runtime.controller.confidence
+        shift = calibration.shift
+        calibration.shift = counted_shift
     llm.chat(chats[:2], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
     sp = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
     rows = []
     for j in range(args.slices):
         count.clear()
+        request_steps.clear()
+        full_ms.clear()
         t0 = time.perf_counter()
         llm.chat(chats[8 * j: 8 * j + 8], sp, use_tqdm=False)
-        rows.append({"slice": j, "seconds": time.perf_counter() - t0, **count})
+        rows.append({"slice": j, "seconds": time.perf_counter() - t0, **count,
+                     "request_steps": sorted(request_steps.values()),
+                     "full_batch_ms": step_costs(full_ms, runtime, sched.max_num_running_reqs)})
         print(json.dumps(rows[-1]), flush=True)
     if args.json:
         args.json.write_text(json.dumps({"policy": args.policy, "slices": rows}, indent=1))
     return 0
+
+
+def step_costs(measured: dict[int, list[float]], runtime: Any, batch: int
+               ) -> dict[str, dict[str, float]]:
+    """Per draft-token count of the slice's decode steps at the full batch: the measured
+    median ms and how many steps, and (adaptive engines) what the controller's step-time
+    model predicts for that shape now, its longest draft taken as min(S, 8)."""
+    import statistics
+
+    out = {}
+    for spec in sorted(measured):
+        row = {"ms": statistics.median(measured[spec]), "steps": len(measured[spec])}
+        if runtime is not None:
+            row["predicted_ms"] = runtime.controller.cost.predict(batch, spec, min(spec, 8))
+        out[str(spec)] = row
+    return out
 
 
 if __name__ == "__main__":

@@ -21,11 +21,12 @@ again instead of running the modes.
 Modes: `plain` (vLLM without speculation), `ngramK` (vLLM's n-gram, static K, lookup 2-4),
 `eagleK` (vLLM's eagle over `--eagle HEAD`, a head of `--model`, static K),
 `adaptspec` or `adaptspec=POLICY` (adaptspec over its own n-gram proposer, K <= 8;
-`adaptspec=k2`: its machinery at vLLM's static K=2, `bench unseen`'s adaptspec_k2). Every
-engine served the same prompts the round before, so from the second round on their prefixes
-are cached: these are warm engines, decode-heavier than a fresh server. One run resolves
-about 3-4% (docs/unseen.md). Each engine holds its own model and KV cache: the 0.5B takes
-about 6 GiB a process, so 3 engines on a 24 GiB machine.
+`adaptspec=k2`: its machinery at vLLM's static K=2, `bench unseen`'s adaptspec_k2),
+`adaptspec_vllm` (adaptspec over vLLM's n-gram, K <= 8: `bench unseen`'s
+adaptspec_vllm_ngram). Every engine served the same prompts the round before, so from the
+second round on their prefixes are cached: these are warm engines, decode-heavier than a fresh
+server. One run resolves about 3-4% (docs/unseen.md). Each engine holds its own model and KV
+cache: the 0.5B takes about 6 GiB a process, so 3 engines on a 24 GiB machine.
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ def build(mode: str, model: str, eagle: str | None = None, max_num_seqs: int = 4
             raise SystemExit(f"{mode} needs --eagle HEAD")
         kw["speculative_config"] = {"method": "eagle", "model": os.path.expanduser(eagle),
                                     "num_speculative_tokens": int(mode[5:])}
+    elif mode == "adaptspec_vllm":  # over vLLM's n-gram (K <= 8), bench unseen's
+        from adaptspec.serve import SCHEDULER_CLS
+
+        kw["scheduler_cls"] = SCHEDULER_CLS
+        kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 8,
+                                    "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     elif mode.split("=")[0] == "adaptspec":
         from adaptspec.serve import SCHEDULER_CLS
 
