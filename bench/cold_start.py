@@ -17,6 +17,7 @@ Wall times of engines run one after another move with the machine (10% between r
 steps, drafts and acceptance do not.
 
     python bench/cold_start.py [default|k2|vllm|ngram2] [--slices 4] [--json OUT]
+        [--policy-file POLICY]
 
 `k2` is `bench unseen`'s adaptspec_k2: the same machinery drafting K=2 whatever it learned.
 `vllm` is adaptspec over vLLM's n-gram (adaptspec_vllm_ngram), `ngram2` vLLM's static n-gram
@@ -46,10 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slices", type=int, default=4)
     ap.add_argument("--model", default=engine_ab.DEFAULT_MODEL)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--policy-file", default=None,
+                    help="the adaptive engines' policy (default: the shipped one)")
     args = ap.parse_args(argv)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    policy = "default"
+    policy = args.policy_file or "default"
     if args.policy == "k2":
         from adaptspec.tools.bench.unseen import fixed_k2_policy
 
