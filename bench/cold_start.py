@@ -30,6 +30,7 @@ import argparse
 import collections
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     from vllm import SamplingParams
 
+    from adaptspec.account import step_shape
     from adaptspec.tools.bench.prompts import load_unseen_chat
 
     mode = {"vllm": "adaptspec_vllm", "ngram2": "ngram2"}.get(args.policy, "adaptspec")
@@ -103,12 +105,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def counted_output(so: Any, out: Any) -> Any:
         count["steps"] += 1
-        batch = [r for r, n in so.num_scheduled_tokens.items() if n]
-        request_steps.update(batch)
-        spec = sum(map(len, so.scheduled_spec_decode_tokens.values()))
-        decode_only = so.total_num_scheduled_tokens == len(batch) + spec
-        shape[0] = (spec, decode_only and len(batch) == sched.max_num_running_reqs)
-        count["short_steps"] += len(batch) < sched.max_num_running_reqs
+        request_steps.update(so.num_scheduled_tokens.keys())
+        step = step_shape(so)  # (the engine account's reading of a step)
+        full = step["batch"] == sched.max_num_running_reqs
+        shape[0] = (step["drafted"], full and not step["prefill"])
+        count["short_steps"] += not full
         for rid, d in so.scheduled_spec_decode_tokens.items():
             i = out.req_id_to_index.get(rid)
             if d and i is not None:
@@ -154,14 +155,13 @@ def step_costs(measured: dict[int, list[float]], runtime: Any, batch: int
                ) -> dict[str, dict[str, float]]:
     """Per draft-token count of the slice's decode steps at the full batch: the measured
     median ms and how many steps, and (adaptive engines) what the controller's step-time
-    model predicts for that shape now, its longest draft taken as min(S, 8)."""
-    import statistics
-
+    model predicts for that shape now, its longest draft taken as min(S, the engine's K)."""
     out = {}
     for spec in sorted(measured):
         row = {"ms": statistics.median(measured[spec]), "steps": len(measured[spec])}
         if runtime is not None:
-            row["predicted_ms"] = runtime.controller.cost.predict(batch, spec, min(spec, 8))
+            controller = runtime.controller
+            row["predicted_ms"] = controller.cost.predict(batch, spec, min(spec, controller.k_cap))
         out[str(spec)] = row
     return out
 

@@ -55,26 +55,22 @@ def build(mode: str, model: str, eagle: str | None = None, max_num_seqs: int = 4
     kw: dict[str, Any] = dict(model=os.path.expanduser(model), dtype="float32",
                               max_model_len=2048, max_num_seqs=max_num_seqs, enforce_eager=True,
                               seed=0, distributed_executor_backend="uni")
+    ngram = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     if mode.startswith("ngram"):
-        kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": int(mode[5:]),
-                                    "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+        kw["speculative_config"] = {**ngram, "num_speculative_tokens": int(mode[5:])}
     elif mode.startswith("eagle"):
         if not eagle:
             raise SystemExit(f"{mode} needs --eagle HEAD")
         kw["speculative_config"] = {"method": "eagle", "model": os.path.expanduser(eagle),
                                     "num_speculative_tokens": int(mode[5:])}
-    elif mode == "adaptspec_vllm":  # over vLLM's n-gram (K <= 8), bench unseen's
+    elif mode == "adaptspec_vllm" or mode.split("=")[0] == "adaptspec":
         from adaptspec.serve import SCHEDULER_CLS
 
         kw["scheduler_cls"] = SCHEDULER_CLS
-        kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 8,
-                                    "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-    elif mode.split("=")[0] == "adaptspec":
-        from adaptspec.serve import SCHEDULER_CLS
-
-        kw["scheduler_cls"] = SCHEDULER_CLS
-        kw["speculative_config"] = {"method": "custom_class", "model": PROPOSERS["ngram"],
-                                    "num_speculative_tokens": 8}
+        kw["speculative_config"] = (
+            {**ngram, "num_speculative_tokens": 8} if mode == "adaptspec_vllm"
+            else {"method": "custom_class", "model": PROPOSERS["ngram"],
+                  "num_speculative_tokens": 8})
     elif mode != "plain":
         raise SystemExit(f"unknown mode {mode!r}")
     return LLM(**kw)
