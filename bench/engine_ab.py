@@ -51,13 +51,13 @@ def build(mode: str, model: str, eagle: str | None = None, max_num_seqs: int = 4
     from vllm import LLM
 
     from adaptspec.serve import PROPOSERS
+    from adaptspec.tools.bench.unseen import vllm_ngram_spec
 
     kw: dict[str, Any] = dict(model=os.path.expanduser(model), dtype="float32",
                               max_model_len=2048, max_num_seqs=max_num_seqs, enforce_eager=True,
                               seed=0, distributed_executor_backend="uni")
-    ngram = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     if mode.startswith("ngram"):
-        kw["speculative_config"] = {**ngram, "num_speculative_tokens": int(mode[5:])}
+        kw["speculative_config"] = vllm_ngram_spec(int(mode[5:]))
     elif mode.startswith("eagle"):
         if not eagle:
             raise SystemExit(f"{mode} needs --eagle HEAD")
@@ -68,7 +68,7 @@ def build(mode: str, model: str, eagle: str | None = None, max_num_seqs: int = 4
 
         kw["scheduler_cls"] = SCHEDULER_CLS
         kw["speculative_config"] = (
-            {**ngram, "num_speculative_tokens": 8} if mode == "adaptspec_vllm"
+            vllm_ngram_spec(8) if mode == "adaptspec_vllm"
             else {"method": "custom_class", "model": PROPOSERS["ngram"],
                   "num_speculative_tokens": 8})
     elif mode != "plain":

@@ -57,7 +57,8 @@ from adaptspec.tools.bench.servers import OURS_NGRAM, Config, policy_for
 PLAIN = "none_sync"
 
 
-def _ngram(k: int) -> dict[str, Any]:
+def vllm_ngram_spec(k: int) -> dict[str, Any]:
+    """The speculative config of vLLM's n-gram at K=k as every unseen-chat bench runs it."""
     return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2,
             "prompt_lookup_max": 4}
 
@@ -65,9 +66,9 @@ def _ngram(k: int) -> dict[str, Any]:
 CONFIGS = (
     Config(PLAIN, None, sync=True, account=True),
     # (with the engine's time account, as plain's: vLLM's own drafts and K, AccountScheduler)
-    *(Config(f"vllm_ngram_k{k}", _ngram(k), family="ngram", sync=True, account=True)
+    *(Config(f"vllm_ngram_k{k}", vllm_ngram_spec(k), family="ngram", sync=True, account=True)
       for k in (2, 4, 8)),
-    Config("adaptspec_vllm_ngram", _ngram(8), adaptive=True, family="ngram"),
+    Config("adaptspec_vllm_ngram", vllm_ngram_spec(8), adaptive=True, family="ngram"),
     Config("adaptspec", {"method": "custom_class", "model": OURS_NGRAM,
                          "num_speculative_tokens": 8}, adaptive=True, family="ours"),
 )
