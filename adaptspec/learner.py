@@ -152,13 +152,12 @@ class Learner:
         self.cls_k_min[idx] = min(cfg.k_min, k_max)
         self.cls_kind[idx] = 2 if cfg.latency_critical else 1
         self.cls_slo_ms[idx] = cfg.itl_slo_ms if cfg.itl_slo_ms else np.inf
-        for row, proposer in zip(self.rows(idx), self.proposers, strict=True):
+        for row in self.rows(idx):
             self._row_k_min[row] = self.cls_k_min[idx]
             self._row_k_max[row] = self.cls_k_max[idx]
             self._row_kind[row] = self.cls_kind[idx]
             self._row_slo_ms[row] = self.cls_slo_ms[idx]
-            self.estimator.set_prior(row, p.prior_vector(settings, proposer),
-                                     cfg.prior_strength)
+            self.estimator.set_prior(row, p.prior_vector(settings), cfg.prior_strength)
             self.spread.reset(row)
 
     def record_pass_cost(self, proposer: int, ms: float, passes: int,

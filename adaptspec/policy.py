@@ -273,14 +273,6 @@ class Policy(_Strict):
         "draft; the other engines take the other classes and speculate freely. Empty: every "
         "engine takes every class, and the latency-critical slack rules shared batches",
     )
-    lookup_later_acceptance: float | None = Field(
-        0.78, gt=0.0, lt=1.0,
-        description="prior conditional acceptance past a lookup proposer's (n-gram, suffix) "
-        "first draft position, for a class whose prior_acceptance is one value (a list is "
-        "taken as written): once a lookup draft's first token matches, the next ones tend to. "
-        "The later positions take the higher of this and the class's value. None: the class's "
-        "value at every position, as for model drafts",
-    )
     max_classes: int = Field(32, ge=1, le=10_000)
     max_requests: int = Field(4096, ge=1, le=1_000_000)
     cost_model: CostModel = Field(default_factory=lambda: CostModel(preset="cpu"))
@@ -375,33 +367,11 @@ class Policy(_Strict):
             return 0
         return self.k_max if c.k_max is None else c.k_max
 
-    def prior_vector(self, name: str, proposer: str = "") -> list[float]:
-        """Prior per-position (conditional) acceptance for positions 0..k_max-1 of a class's
-        drafts from `proposer` (a name as the controller's `proposers` gives them)."""
+    def prior_vector(self, name: str) -> list[float]:
+        """Prior per-position acceptance for positions 0..k_max-1."""
         p = self.classes[name].prior_acceptance
-        if isinstance(p, list):
-            values = p
-        elif is_lookup(proposer) and self.lookup_later_acceptance is not None:
-            values = [p, max(p, self.lookup_later_acceptance)]
-        else:
-            values = [p]
+        values = p if isinstance(p, list) else [p]
         return [values[min(i, len(values) - 1)] for i in range(max(self.k_max, 1))]
-
-
-# Proposers that draft by looking the context up (vLLM's ngram, ngram_gpu and suffix; ours).
-# Their acceptance is not geometric: a draft whose first token matched continues a text seen
-# before, and Spec-Bench's prompt-lookup rows put the later positions' conditional acceptance
-# at 0.6-0.96 against 0.16-0.65 for the first, by task (docs/gpu.md); lookup_later_acceptance's
-# default is the middle of the later range. Without it a one-value class prior prices a lookup
-# draft's second token at the square of the first's, and a fresh server cuts drafts that pay.
-# A draft model's positions fall instead (vLLM PR #32374's EAGLE: 0.68 / 0.58 / 0.52 / 0.50
-# conditional).
-LOOKUP_PROPOSERS = ("ngram", "suffix")
-
-
-def is_lookup(proposer: str) -> bool:
-    """Is this proposer name (vLLM's method, or ours) a lookup's?"""
-    return proposer.split("_", 1)[0] in LOOKUP_PROPOSERS
 
 
 # ---------------------------------------------------------------------------------------------

@@ -482,17 +482,3 @@ def test_thompson_draws_never_make_a_request_that_may_not_draft_draft() -> None:
 
 
 # ------------------------------------------------------------------ confidence cuts
-
-
-def test_each_proposers_rows_start_from_its_own_prior() -> None:
-    """A hybrid's lookup rows take the lookup's later-position prior, its model rows not."""
-    p = policy(classes={"chat": ClassPolicy(prior_acceptance=0.65, prior_strength=10)},
-               default_class="chat")
-    ctl = Controller(p, proposers=("ngram", "eagle"))
-    c = ctl.class_index("chat")
-    est = ctl.estimator
-    for row, proposer in zip(ctl.rows(c), ctl.proposers, strict=True):
-        level = est.prior_a[row] / (est.prior_a[row] + est.prior_b[row])
-        assert level == pytest.approx(p.prior_vector("chat", proposer)), proposer
-    lookup, model = (est.prior_a[r] / (est.prior_a[r] + est.prior_b[r]) for r in ctl.rows(c))
-    assert lookup[1] > lookup[0] == pytest.approx(model[1]) == pytest.approx(model[0])

@@ -106,24 +106,6 @@ def test_cost_presets_apply_and_can_be_overridden() -> None:
     assert p.cost_model.knee_tokens == 99
 
 
-def test_a_lookups_later_positions_take_their_own_prior() -> None:
-    p = policy_from_dict({"k_max": 4, "classes": {
-        "chat": {"prior_acceptance": 0.65}, "code": {"prior_acceptance": 0.9},
-        "listed": {"prior_acceptance": [0.5, 0.6]}}, "default_class": "chat"})
-    later = p.lookup_later_acceptance
-    assert later is not None and 0.65 < later < 0.9
-    for lookup in ("ngram", "suffix", "ngram_gpu"):
-        assert p.prior_vector("chat", lookup) == [0.65, later, later, later]
-        assert p.prior_vector("code", lookup) == [0.9] * 4  # never below the first position
-        assert p.prior_vector("listed", lookup) == [0.5, 0.6, 0.6, 0.6]  # as written
-    for model in ("eagle", "draft_model", "mtp", "custom", ""):
-        assert p.prior_vector("chat", model) == [0.65] * 4
-    off = p.model_copy(update={"lookup_later_acceptance": None})
-    assert off.prior_vector("chat", "ngram") == [0.65] * 4
-    with pytest.raises(PolicyError):
-        policy_from_dict({"lookup_later_acceptance": 1.0})
-
-
 def test_classifier_order_and_fallbacks() -> None:
     p = load_policy(ROOT / "policies" / "default.yaml")
     c = Classifier(p)

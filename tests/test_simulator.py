@@ -256,8 +256,7 @@ def test_a_per_position_prior_is_what_the_controller_plans_with() -> None:
         slots = np.array([ctl.add_request("a", "chat")])
         return int(ctl.step(slots, np.zeros(1), np.zeros(1), None)[0])
 
-    # (a list is taken as written; one value would take a lookup's later-position prior)
-    flat, shaped = first_k([0.3]), first_k([0.3] + [0.9] * 7)
+    flat, shaped = first_k(0.3), first_k([0.3] + [0.9] * 7)
     assert flat <= 2 and shaped >= 5, (flat, shaped)
 
 

@@ -18,7 +18,7 @@ def policy(**kw: object) -> Policy:
     base: dict = {
         "classes": {
             "code": ClassPolicy(prior_acceptance=0.9, prior_strength=50),
-            "creative": ClassPolicy(prior_acceptance=[0.3], prior_strength=50),  # at every position
+            "creative": ClassPolicy(prior_acceptance=0.3, prior_strength=50),
             "interactive": ClassPolicy(latency_critical=True),
         },
         "default_class": "code",

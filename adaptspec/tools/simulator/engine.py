@@ -99,7 +99,7 @@ class Adaptive:
 
     def __init__(self, policy: Policy, stream: Stream, concurrency: int, seed: int,
                  lag: int | None = None) -> None:
-        names = stream.proposers.names if stream.proposers is not None else (stream.proposer,)
+        names = stream.proposers.names if stream.proposers is not None else ("ngram",)
         self.ctl = Controller(policy, seed=seed, proposers=names)
         self.names = stream.names
         self.cls = stream.cls

@@ -19,7 +19,6 @@ SIMULATED: no GPU was measured.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -78,9 +77,7 @@ def settle(policy: Policy, cheaper: float, concurrency: int, *, seed: int = 0,
     truth = cheaper_at_scale(prior, cheaper)
     rng = np.random.default_rng([seed, concurrency])
     n_done = requests_per_slot * concurrency
-    stream = dataclasses.replace(
-        make_stream(EAGLE, n_done + 2 * concurrency, concurrency, max(STATIC_KS), rng),
-        proposer="eagle")
+    stream = make_stream(EAGLE, n_done + 2 * concurrency, concurrency, max(STATIC_KS), rng)
     noise = rng.lognormal(-STEP_NOISE**2 / 2, STEP_NOISE, 65536)
     none = np.zeros(1, dtype=bool)
 

@@ -109,7 +109,7 @@ class Stream:
     position, as vLLM's n-gram where it finds no match: nothing is drafted or verified, whatever
     K was asked (adaptspec.tools.bench.calibrate fits the share to a measured engine).
     proposers, optional: several proposers (`Proposers`) for a chooser that also picks who
-    drafts (`Adaptive` with more than one proposer); otherwise `proposer` names the one."""
+    drafts (`Adaptive` with more than one proposer)."""
 
     names: list[str]
     cls: np.ndarray
@@ -118,9 +118,6 @@ class Stream:
     coins: np.ndarray
     avail: np.ndarray | None = None
     proposers: Proposers | None = None
-    # The one proposer's name where `proposers` is None, as the controller is told it (a
-    # lookup's later positions get their own prior: Policy.prior_vector).
-    proposer: str = "ngram"
 
     @property
     def n(self) -> int:
