@@ -17,7 +17,15 @@ Wall times of engines run one after another move with the machine (10% between r
 steps, drafts and acceptance do not.
 
     python bench/cold_start.py [default|k2|vllm|ngram2] [--slices 4] [--json OUT]
-        [--policy-file POLICY]
+        [--policy-file POLICY] [--lc]
+
+With --lc each slice also carries one latency-critical request (a quick turn of 16 tokens, class
+`interactive`, first in the slice, as `bench unseen`'s), on an engine of 5 sequences; the steps
+it shares with 4 others (`lc_*`: proposed, kept after the plan's K and after the cut, and per
+draft count their median ms) and, on an adaptive engine, what its step-time model predicts at
+the slice's end for 5 requests with 0-2 drafts (`lc_predicted_ms`) say why they draft or not.
+(Once it finished the others run 5 at a time, unlike `bench unseen`'s 4 clients, so the other
+counts of an --lc run compare only with another --lc run's.)
 
 `k2` is `bench unseen`'s adaptspec_k2: the same machinery drafting K=2 whatever it learned.
 `vllm` is adaptspec over vLLM's n-gram (adaptspec_vllm_ngram), `ngram2` vLLM's static n-gram
@@ -48,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slices", type=int, default=4)
     ap.add_argument("--model", default=engine_ab.DEFAULT_MODEL)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--lc", action="store_true",
+                    help="a latency-critical request in every slice, beside the others")
     ap.add_argument("--policy-file", default=None,
                     help="the adaptive engines' policy (default: the shipped one)")
     args = ap.parse_args(argv)
@@ -70,16 +80,21 @@ def main(argv: list[str] | None = None) -> int:
     from adaptspec.tools.bench.prompts import load_unseen_chat
 
     mode = {"vllm": "adaptspec_vllm", "ngram2": "ngram2"}.get(args.policy, "adaptspec")
-    llm = engine_ab.build(mode, args.model)
-    chats = [[{"role": "user", "content": d["prompt"]}] for d in load_unseen_chat()["short"]]
+    main_batch = 4
+    llm = engine_ab.build(mode, args.model, max_num_seqs=main_batch + int(args.lc))
+    data = load_unseen_chat()
+    chats = [[{"role": "user", "content": d["prompt"]}] for d in data["short"]]
+    quick = [[{"role": "user", "content": q}] for q in data["interactive"]]
     core = llm.llm_engine.engine_core.engine_core
     sched = core.scheduler
     count: collections.Counter[str] = collections.Counter()
     update_drafts, update_output = sched.update_draft_token_ids, sched.update_from_output
     runtime = getattr(sched, "runtime", None)  # (None: vLLM's own scheduler)
     request_steps: collections.Counter[str] = collections.Counter()
-    # Decode steps at the full batch: draft tokens -> ms of each (schedule, model, update).
+    # Decode steps at the main batch: draft tokens -> ms of each (schedule, model, update);
+    # with --lc also those beside the latency-critical request.
     full_ms: collections.defaultdict[int, list[float]] = collections.defaultdict(list)
+    lc_ms: collections.defaultdict[int, list[float]] = collections.defaultdict(list)
     shape: list[Any] = [None]  # (draft tokens, whether only decodes) of the step running
     step_fn = core.step_fn
 
@@ -87,29 +102,41 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         out = step_fn()
         if shape[0] is not None and shape[0][1]:
-            full_ms[shape[0][0]].append((time.perf_counter() - t0) * 1e3)
+            drafted, _, beside, batch = shape[0]
+            ms = (time.perf_counter() - t0) * 1e3
+            if beside:
+                lc_ms[drafted].append(ms)
+            elif batch == main_batch:
+                full_ms[drafted].append(ms)
         shape[0] = None
         return out
+
+    def critical(req_id: str) -> bool:
+        r = sched.requests.get(req_id)
+        extra = getattr(getattr(r, "sampling_params", None), "extra_args", None) or {}
+        return extra.get("adaptspec_class") == "interactive"
 
     def counted_drafts(dt: Any) -> None:
         if runtime is None:
             update_drafts(dt)
             return
         plan = runtime.plan_for(dt.req_ids)
-        count["proposed"] += sum(len(x) for x in dt.draft_token_ids)
-        count["after_k"] += sum(min(len(x), plan.k_of(r))
-                                for r, x in zip(dt.req_ids, dt.draft_token_ids, strict=True))
+        pre = "lc_" if any(map(critical, dt.req_ids)) else ""
+        count[pre + "proposed"] += sum(len(x) for x in dt.draft_token_ids)
+        count[pre + "after_k"] += sum(min(len(x), plan.k_of(r)) for r, x in
+                                      zip(dt.req_ids, dt.draft_token_ids, strict=True))
         update_drafts(dt)
-        count["after_cut"] += sum(len(sched.requests[r].spec_token_ids) for r in dt.req_ids
-                                  if r in sched.requests)
+        count[pre + "after_cut"] += sum(len(sched.requests[r].spec_token_ids)
+                                        for r in dt.req_ids if r in sched.requests)
 
     def counted_output(so: Any, out: Any) -> Any:
         count["steps"] += 1
         request_steps.update(so.num_scheduled_tokens.keys())
         step = step_shape(so)  # (the engine account's reading of a step)
-        full = step["batch"] == sched.max_num_running_reqs
-        shape[0] = (step["drafted"], full and not step["prefill"])
-        count["short_steps"] += not full
+        beside = any(map(critical, so.num_scheduled_tokens))
+        shape[0] = (step["drafted"], not step["prefill"], beside, step["batch"])
+        count["short_steps"] += step["batch"] < main_batch
+        count["lc_steps"] += beside
         for rid, d in so.scheduled_spec_decode_tokens.items():
             i = out.req_id_to_index.get(rid)
             if d and i is not None:
@@ -135,19 +162,33 @@ def main(argv: list[str] | None = None) -> int:
         calibration.shift = counted_shift
     llm.chat(chats[:2], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
     sp = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    lc_sp = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True,
+                           extra_args={"adaptspec_class": "interactive"})
     rows = []
     for j in range(args.slices):
         count.clear()
         request_steps.clear()
         full_ms.clear()
+        lc_ms.clear()
+        batch = chats[8 * j: 8 * j + 8]
+        params = [sp] * len(batch)
+        if args.lc:
+            batch, params = [quick[j % len(quick)], *batch], [lc_sp, *params]
         t0 = time.perf_counter()
-        llm.chat(chats[8 * j: 8 * j + 8], sp, use_tqdm=False)
-        rows.append({"slice": j, "seconds": time.perf_counter() - t0, **count,
-                     "request_steps": sorted(request_steps.values()),
-                     "full_batch_ms": step_costs(full_ms, runtime, sched.max_num_running_reqs)})
+        llm.chat(batch, params, use_tqdm=False)
+        row = {"slice": j, "seconds": time.perf_counter() - t0, **count,
+               "request_steps": sorted(request_steps.values()),
+               "full_batch_ms": step_costs(full_ms, runtime, main_batch)}
+        if args.lc:
+            row["lc_batch_ms"] = step_costs(lc_ms, runtime, main_batch + 1)
+            if runtime is not None:
+                cost = runtime.controller.cost
+                row["lc_predicted_ms"] = {s: cost.predict(main_batch + 1, s, s) for s in range(3)}
+        rows.append(row)
         print(json.dumps(rows[-1]), flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"policy": args.policy, "slices": rows}, indent=1))
+        args.json.write_text(json.dumps({"policy": args.policy, "policy_file": args.policy_file,
+                                         "lc": args.lc, "slices": rows}, indent=1))
     return 0
 
 
