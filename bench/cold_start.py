@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from adaptspec.account import step_shape
     from adaptspec.tools.bench.prompts import load_unseen_chat
+    from adaptspec.tools.bench.workload import LATENCY_CRITICAL
 
     mode = {"vllm": "adaptspec_vllm", "ngram2": "ngram2"}.get(args.policy, "adaptspec")
     main_batch = 4
@@ -95,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     # with --lc also those beside the latency-critical request.
     full_ms: collections.defaultdict[int, list[float]] = collections.defaultdict(list)
     lc_ms: collections.defaultdict[int, list[float]] = collections.defaultdict(list)
-    shape: list[Any] = [None]  # (draft tokens, whether only decodes) of the step running
+    # (draft tokens, whether only decodes, whether beside a latency-critical request, batch)
+    # of the step running
+    shape: list[Any] = [None]
     step_fn = core.step_fn
 
     def timed_step() -> Any:
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     def critical(req_id: str) -> bool:
         r = sched.requests.get(req_id)
         extra = getattr(getattr(r, "sampling_params", None), "extra_args", None) or {}
-        return extra.get("adaptspec_class") == "interactive"
+        return extra.get("adaptspec_class") == LATENCY_CRITICAL
 
     def counted_drafts(dt: Any) -> None:
         if runtime is None:
@@ -163,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     llm.chat(chats[:2], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
     sp = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
     lc_sp = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True,
-                           extra_args={"adaptspec_class": "interactive"})
+                           extra_args={"adaptspec_class": LATENCY_CRITICAL})
     rows = []
     for j in range(args.slices):
         count.clear()
@@ -194,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def step_costs(measured: dict[int, list[float]], runtime: Any, batch: int
                ) -> dict[str, dict[str, float]]:
-    """Per draft-token count of the slice's decode steps at the full batch: the measured
+    """Per draft-token count of the slice's decode steps of `batch` requests: the measured
     median ms and how many steps, and (adaptive engines) what the controller's step-time
     model predicts for that shape now, its longest draft taken as min(S, the engine's K)."""
     out = {}

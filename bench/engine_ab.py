@@ -50,8 +50,7 @@ DEFAULT_MODEL = "~/.cache/adaptspec/models/qwen/draft"
 def build(mode: str, model: str, eagle: str | None = None, max_num_seqs: int = 4) -> Any:
     from vllm import LLM
 
-    from adaptspec.serve import PROPOSERS
-    from adaptspec.tools.bench.unseen import vllm_ngram_spec
+    from adaptspec.tools.bench.unseen import CONFIGS, vllm_ngram_spec
 
     kw: dict[str, Any] = dict(model=os.path.expanduser(model), dtype="float32",
                               max_model_len=2048, max_num_seqs=max_num_seqs, enforce_eager=True,
@@ -67,10 +66,9 @@ def build(mode: str, model: str, eagle: str | None = None, max_num_seqs: int = 4
         from adaptspec.serve import SCHEDULER_CLS
 
         kw["scheduler_cls"] = SCHEDULER_CLS
-        kw["speculative_config"] = (
-            vllm_ngram_spec(8) if mode == "adaptspec_vllm"
-            else {"method": "custom_class", "model": PROPOSERS["ngram"],
-                  "num_speculative_tokens": 8})
+        # (the speculative config of the `bench unseen` configuration the mode runs)
+        same = "adaptspec_vllm_ngram" if mode == "adaptspec_vllm" else "adaptspec"
+        kw["speculative_config"] = dict(next(c.spec for c in CONFIGS if c.name == same))
     elif mode != "plain":
         raise SystemExit(f"unknown mode {mode!r}")
     return LLM(**kw)
