@@ -276,3 +276,40 @@ def test_the_same_on_vllm_0_33_0s_scheduler_classes(tmp_path: Path) -> None:
     print(proc.stdout[-1500:])
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
+
+
+def test_vllms_ngram_drafts_get_the_requests_record_as_their_confidence(
+        tiny_models: dict, policy_file: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Synchronous scheduling over vLLM's n-gram: each draft goes to the cut with a confidence
+    from its request's record of drafts as proposed against the tokens that followed
+    (adaptspec/proposers/record.py), so a request whose drafts come true is trusted above the
+    prior and one whose drafts never do below it; a finished request's record is dropped."""
+    from vllm.v1.outputs import DraftTokenIds
+
+    s = make_scheduler(tiny_models["target"], False, policy_file, monkeypatch=monkeypatch)
+    rt = s.runtime
+    assert s._records is not None
+    seen: dict[str, float] = {}
+    cut = rt.cut
+
+    def spy(req_ids: Any, lengths: Any, confidence: Any) -> Any:
+        seen.update(zip(req_ids, confidence, strict=True))
+        return cut(req_ids, lengths, confidence)
+
+    rt.cut = spy
+    reqs = [make_request("good", 20, 40), make_request("bad", 24, 40)]
+    for r in reqs:
+        s.add_request(r)
+    for _ in range(200):
+        if not s.has_requests():
+            break
+        out = s.schedule()
+        s.update_from_output(out, runner_output(out, {r: 8 for r in out.num_scheduled_tokens}))
+        ids = [r for r in out.num_scheduled_tokens if r in s.requests]
+        # the sampled tokens are all 7s: "good" drafts 7s (they come true), "bad" 9s
+        s.update_draft_token_ids(DraftTokenIds(ids, [[7 if r == "good" else 9] * K_MAX
+                                                     for r in ids]))
+    assert not s.has_requests()
+    assert seen["good"] > s._records.prior > seen["bad"]
+    assert len(s._records) == 0
+    assert all(r.num_output_tokens == r.max_tokens for r in reqs)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from adaptspec.proposers.base import Draft, TokenIds, as_token_list
+from adaptspec.proposers.record import DraftRecord, lookup_prior
 
 
 class _NgramState:
@@ -29,7 +30,7 @@ class _NgramState:
     """
 
     __slots__ = ("toks", "off", "win", "nxt", "tables", "later", "last", "draft", "draft_pos",
-                 "hits", "misses")
+                 "record")
 
     def __init__(self, tokens: list[int], n_tables: int) -> None:
         self.toks = tokens
@@ -46,8 +47,7 @@ class _NgramState:
         self.last: list[dict[int, int]] = [{} for _ in range(n_tables)]
         self.draft: list[int] = []  # last draft, checked against the tokens that came next
         self.draft_pos = 0  # position its first token was meant for
-        self.hits = 0.0  # decayed count of draft tokens that turned out right
-        self.misses = 0.0  # decayed count of drafts cut short by a wrong token
+        self.record = DraftRecord()  # how its drafts turned out
 
     @property
     def seen(self) -> int:
@@ -57,20 +57,15 @@ class _NgramState:
 class NgramProposer:
     """Prompt-lookup drafts from the request's own tokens (per-request state, bounded memory).
 
-    ``confidence`` is a Beta-style posterior mean of the per-token acceptance rate: a prior that
-    grows with the match length ``n`` (longer matches repeat more reliably), updated by how many
-    of this proposer's earlier drafts for the request actually appeared in the sequence. That
-    check is free: the next call sees the tokens the engine really produced.
+    ``confidence`` is the request's drafting record (adaptspec/proposers/record.py): a prior
+    that grows with the match length ``n`` (longer matches repeat more reliably), updated by how
+    many of this proposer's earlier drafts for the request actually appeared in the sequence.
+    That check is free: the next call sees the tokens the engine really produced.
     """
 
     # min_n 2 by default, as the n-gram range the benchmarks give vLLM's (2 to 4): a one-token
     # match drafts after every common token, and on chat its drafts were seldom accepted and
     # lost to vLLM's proposer (issue 34); from 2 up the drafts are vLLM's.
-    #: Weight of the match-length prior, in draft tokens' worth of evidence.
-    PRIOR_WEIGHT = 4.0
-    #: Per-draft decay of the acceptance record, so it follows a request's changing text.
-    RECORD_DECAY = 0.9
-
     def __init__(
         self,
         min_n: int = 2,
@@ -120,10 +115,7 @@ class NgramProposer:
                 continue
             tokens = toks[end - off : end - off + k]
             st.draft, st.draft_pos = tokens, length
-            prior = n / (n + 3.0)
-            w = self.PRIOR_WEIGHT
-            conf = (st.hits + w * prior) / (st.hits + st.misses + w)
-            return Draft(tokens, min(1.0, max(0.0, conf)))
+            return Draft(tokens, st.record.confidence(lookup_prior(n)))
         st.draft = []
         return Draft()
 
@@ -164,14 +156,7 @@ class NgramProposer:
         st.draft = []
         if pos < st.off:
             return  # its tokens were already dropped; no evidence either way
-        actual = st.toks[pos - st.off : pos - st.off + len(draft)]
-        right = 0
-        for got, want in zip(actual, draft, strict=False):
-            if got != want:
-                break
-            right += 1
-        st.hits = st.hits * self.RECORD_DECAY + right
-        st.misses = st.misses * self.RECORD_DECAY + (1 if right < len(actual) else 0)
+        st.record.score(draft, st.toks[pos - st.off : pos - st.off + len(draft)])
 
     def _index(self, st: _NgramState, length: int) -> None:
         """Index n-grams ending before ``length``; keep only the last ``max_indexed_tokens``."""

@@ -19,7 +19,9 @@ order vLLM's EngineCore calls us (sync scheduling):
 4. ``update_draft_token_ids()``: the new drafts arrive and are cut to the plan's K (K = 0: plain
    decoding), then trimmed to the step shape that pays, shorter still where the proposer says
    it is unsure of a draft (Controller.cut). This works for every proposer method: ngram,
-   draft_model, eagle, suffix, custom_class (only ours give a confidence).
+   draft_model, eagle, suffix, custom_class. Ours give a confidence; for vLLM's n-gram the
+   scheduler gives one, from each request's record of its drafts as proposed against the
+   tokens that followed (adaptspec/proposers/record.py).
 
 Under async scheduling the drafts stay on the worker and each request holds placeholders
 (-1, vLLM's one shared list) for them: ``schedule()`` cuts each request's placeholders to its
@@ -59,6 +61,7 @@ from adaptspec.classify import RequestInfo
 from adaptspec.metrics import Metrics
 from adaptspec.plan import DRAFT_REPORT_ATTR, DraftReport
 from adaptspec.policy import PolicyError, load_policy
+from adaptspec.proposers.record import DraftRecords, lookup_prior
 from adaptspec.runtime import AdaptiveRuntime
 from adaptspec.serve import ASYNC_SCHEDULER_CLS, POLICY_ENV
 from vllm.logger import init_logger
@@ -88,6 +91,7 @@ class _Adaptive:
     _async = False  # over vLLM's AsyncScheduler (set by __init__)
     _last_update: float | None = None  # when the last update_from_output began
     _busy = False  # requests were left unfinished after the last update
+    _records: DraftRecords | None = None  # drafting records of vLLM's n-gram's requests
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         check_version()
@@ -152,6 +156,13 @@ class _Adaptive:
             policy, k_cap=k_cap, metrics=metrics, model=model,
             proposers=proposer_names(spec), engine=engine,
         )
+        if spec.method == "ngram" and not self._async:
+            # vLLM's n-gram gives its drafts no confidence; the scheduler sees each draft as
+            # proposed and the tokens after it, and keeps the record our n-gram keeps
+            # (adaptspec/proposers/record.py), its prior that of vLLM's longest match, the one
+            # it tries first. (Under async scheduling the drafts stay on the worker.)
+            self._records = DraftRecords(
+                lookup_prior(int(getattr(spec, "prompt_lookup_max", None) or 4)))
         log.info("adaptspec: adaptive K on (policy %s, proposers %s, K <= %d, classes %s)",
                  source or "<built-in default>", "/".join(self.runtime.proposers),
                  self.runtime.k_cap, sorted(policy.classes))
@@ -179,6 +190,8 @@ class _Adaptive:
         if self.runtime is not None:
             self.runtime.finish(request.request_id)
             self._source.pop(request.request_id, None)
+            if self._records is not None:
+                self._records.remove(request.request_id)
         return super()._free_request(request, *args, **kwargs)
 
     # ---------------------------------------------------------------- the step
@@ -296,7 +309,7 @@ class _Adaptive:
         if rt is None:
             return
         report = getattr(draft_token_ids, DRAFT_REPORT_ATTR, None) or DraftReport()
-        confidence = report.confidence
+        confidence = dict(report.confidence)
         # What the next step verifies was drafted by these (a hybrid; else the one proposer).
         sources = report.source
         self._source.update(sources)
@@ -308,10 +321,14 @@ class _Adaptive:
             rt.record_draft_cost(*report.draft_cost)
         drafted: list[Any] = []
         plan = rt.plan_for(draft_token_ids.req_ids)
+        records = self._records
         for req_id in draft_token_ids.req_ids:
             request = self.requests.get(req_id)
             if request is None or not request.spec_token_ids:
                 continue
+            if records is not None:
+                confidence[req_id] = records.confidence(req_id, request.all_token_ids,
+                                                        request.spec_token_ids)
             k = plan.k_of(req_id)
             if len(request.spec_token_ids) > k:
                 request.spec_token_ids = request.spec_token_ids[:k]
