@@ -161,8 +161,8 @@ class _Adaptive:
             # proposed and the tokens after it, and keeps the record our n-gram keeps
             # (adaptspec/proposers/record.py), its prior that of vLLM's longest match, the one
             # it tries first. (Under async scheduling the drafts stay on the worker.)
-            self._records = DraftRecords(
-                lookup_prior(int(getattr(spec, "prompt_lookup_max", None) or 4)))
+            # (vLLM fills prompt_lookup_max for every n-gram config; touchpoints.py probes it)
+            self._records = DraftRecords(lookup_prior(int(spec.prompt_lookup_max)))
         log.info("adaptspec: adaptive K on (policy %s, proposers %s, K <= %d, classes %s)",
                  source or "<built-in default>", "/".join(self.runtime.proposers),
                  self.runtime.k_cap, sorted(policy.classes))
@@ -309,7 +309,9 @@ class _Adaptive:
         if rt is None:
             return
         report = getattr(draft_token_ids, DRAFT_REPORT_ATTR, None) or DraftReport()
-        confidence = dict(report.confidence)
+        # (over vLLM's n-gram no report comes with the drafts: this one is made here, and the
+        # records below fill it)
+        confidence = report.confidence
         # What the next step verifies was drafted by these (a hybrid; else the one proposer).
         sources = report.source
         self._source.update(sources)

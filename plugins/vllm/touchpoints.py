@@ -68,7 +68,8 @@ TOUCH_POINTS: dict[str, tuple[TouchPoint, ...]] = {
         # the engine time account (adaptspec/account.py): is the gap after a step idle?
         TouchPoint(SCHED + ".has_unfinished_requests"),
         TouchPoint("vllm.v1.request:Request",
-                   fields=("request_id", "sampling_params", "spec_token_ids", "priority")),
+                   fields=("request_id", "sampling_params", "spec_token_ids", "priority",
+                           "all_token_ids")),
         TouchPoint("vllm.v1.request:Request.is_finished"),
         TouchPoint("vllm.sampling_params:SamplingParams", fields=("extra_args",)),
         TouchPoint("vllm.v1.core.sched.output:SchedulerOutput",
@@ -84,7 +85,7 @@ TOUCH_POINTS: dict[str, tuple[TouchPoint, ...]] = {
         TouchPoint("vllm.config:ParallelConfig",
                    fields=("data_parallel_index",)),
         TouchPoint("vllm.config:SpeculativeConfig",
-                   fields=("method", "num_speculative_tokens", "model")),
+                   fields=("method", "num_speculative_tokens", "model", "prompt_lookup_max")),
         TouchPoint("vllm.config:ModelConfig", fields=("served_model_name",)),
     ),
     "runner": (
