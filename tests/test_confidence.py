@@ -157,6 +157,39 @@ def test_outcomes_are_learned_per_draft_position_and_a_thin_cell_leans_on_the_on
     np.testing.assert_array_equal(ratio[k:], np.broadcast_to(ratio[k - 1], ratio[k:].shape))
 
 
+def test_thin_deep_cells_follow_their_position_drift_not_the_bin_before() -> None:
+    """A match that breaks at the fifth token (conditional acceptance 0.8, then 0.3) while the
+    values say a constant rate, and one draft in ten verified past the fourth token: each deep
+    position's tokens spread over several value bins, a few expected tokens each, under the
+    prior. Leaning on the same bin one position earlier alone, those cells keep the earlier
+    positions' ratios and value deep tokens well above what they make (0.25-0.28 against
+    0.11-0.16 at the fifth); the position's drift, pooled over its bins, carries the break, and
+    each position's corrected values match what its tokens turned into."""
+    rng = np.random.default_rng(7)
+    cal = OutcomeCalibration(1, window=1e9, positions=8)
+    k = 8
+    cond = np.array([0.8] * 4 + [0.3] * 4)
+    seen: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # values, kept, accepted
+    for _ in range(100):
+        est = rng.uniform(0.5, 0.95, 16)
+        values = est[:, None] ** np.arange(1, k + 1)[None, :]  # [16, k]
+        d = np.where(rng.random(16) < 0.1, k, 4)
+        acc = np.minimum(np.cumprod(rng.random((16, k)) < cond, axis=1).sum(axis=1), d)
+        cal.partial_fit(np.zeros(16, dtype=np.int64), values, d, acc)
+        j = np.arange(k)[None, :]
+        seen.append((values, j < d[:, None], j < acc[:, None]))
+    rows = np.zeros(16, dtype=np.int64)
+    fixed = np.concatenate([cal.correct(v.T, rows).T for v, _, _ in seen])  # [n, k]
+    kept = np.concatenate([kp for _, kp, _ in seen])
+    hits = np.concatenate([h for _, _, h in seen])
+    assert kept[:, 4].sum() < 250  # thin: under 25 tokens a value bin on average
+    for j in range(k):
+        h, f = hits[kept[:, j], j], fixed[kept[:, j], j]
+        p = h.mean()
+        se = np.sqrt(max(p * (1 - p), 0.01) / len(h))
+        assert abs(f.mean() - p) < 3 * se + 0.02, (j, f.mean(), p)
+
+
 def _controller(weight: float = 0.5) -> Controller:
     cost = CostModel(base_ms=10, per_request_ms=0.1, per_draft_token_ms=0.15,
                      spec_overhead_ms=0.0, knee_tokens=1e6, over_knee_ms=0.0, learn=False)
