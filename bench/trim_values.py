@@ -8,6 +8,11 @@ verified and accepted. Printed per (batch, kept length): drafts, expected and ac
 a draft; and per draft position, the expected and accepted tokens summed. A trim whose deep
 drafts make fewer tokens than it valued them at drafts deeper than pays.
 
+Over vLLM's n-gram every draft as proposed is also scored against the tokens its request went
+on to make (greedy: a token is accepted exactly when it matches), by fate: kept, trimmed (the
+plan's K allowed it, the trim cut it: with the trim's value) or unplanned (past the plan's K).
+A trim that cuts tokens worth more than it valued them drafts shorter than pays.
+
     python bench/trim_values.py [vllm|default] [--slices 3] [--json OUT]
 
 `vllm`: adaptspec over vLLM's n-gram (`bench unseen`'s adaptspec_vllm_ngram); `default`: over
@@ -50,17 +55,41 @@ def main(argv: list[str] | None = None) -> int:
         collections.defaultdict(lambda: [0, 0.0, 0.0])
     by_pos: collections.defaultdict[int, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
     cut, trim, step = runtime.cut, controller.cost.trim, runtime.step
+    # Every draft as proposed, scored afterwards against the tokens the request went on to
+    # make (greedy: a draft token is accepted exactly when it matches), so the positions the
+    # plan or the trim took away are seen as well as those kept. Over vLLM's n-gram only: its
+    # records see each draft before any cut.
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    proposals: list[dict[str, Any]] = []
+    open_: dict[str, dict[str, Any]] = {}
+    records = scheduler._records
+    if records is not None:
+        confidence = records.confidence
+
+        def logged_confidence(req_id: str, tokens: Any, draft: Any) -> float:
+            entry = {"request": scheduler.requests[req_id], "n": len(tokens),
+                     "draft": list(draft), "planned": 0, "kept": 0, "values": None}
+            proposals.append(entry)
+            open_[req_id] = entry
+            return confidence(req_id, tokens, draft)
+
+        records.confidence = logged_confidence
 
     def logged_cut(req_ids: Any, lengths: Any, confidence: Any) -> Any:
         # (the requests the controller knows, as Runtime.cut passes them on)
         cutting[0] = [r for r in req_ids if controller.slot(r) is not None]
-        return cut(req_ids, lengths, confidence)
+        out = cut(req_ids, lengths, confidence)
+        open_.clear()  # (drafts this cut did not trim were not planned: they stay so)
+        return out
 
     def logged_trim(values: Any, keep: Any, batch: int, k_min: Any, slack: Any = None) -> Any:
         out = trim(values, keep, batch, k_min, slack)
         if len(cutting[0]) == values.shape[1]:
             for i, r in enumerate(cutting[0]):
                 kept[r] = (int(out[i]), values[: int(out[i]), i].copy(), batch)
+                if (entry := open_.pop(r, None)) is not None:
+                    entry.update(planned=int(keep[i]), kept=int(out[i]),
+                                 values=values[: int(keep[i]), i].copy())
         return out
 
     def logged_step(req_ids: Any, drafted: Any, accepted: Any, *a: Any, **k: Any) -> Any:
@@ -84,6 +113,25 @@ def main(argv: list[str] | None = None) -> int:
     sp = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
     for j in range(args.slices):
         llm.chat(chats[8 * j: 8 * j + 8], sp, use_tqdm=False)
+    # per position: [proposed, accepted had it been verified] by fate, and the trim's values
+    # of the positions it cut
+    fates = ("kept", "trimmed", "unplanned")
+    counter: collections.defaultdict[tuple[str, int], list[float]] = \
+        collections.defaultdict(lambda: [0, 0, 0.0])
+    for e in proposals:
+        actual = list(e["request"].all_token_ids)[e["n"]: e["n"] + len(e["draft"])]
+        right = next((j for j, (a, d) in enumerate(zip(actual, e["draft"], strict=False))
+                      if a != d), min(len(actual), len(e["draft"])))
+        for j in range(len(actual)):
+            fate = fates[0] if j < e["kept"] else fates[1] if j < e["planned"] else fates[2]
+            row = counter[(fate, j)]
+            row[0] += 1
+            row[1] += j < right
+            if fate == "trimmed":
+                row[2] += float(e["values"][j])
+    counterfactual = [{"fate": f, "position": j, "proposed": int(c), "would_accept": int(a),
+                       "valued": v if f == "trimmed" else None}
+                      for (f, j), (c, a, v) in sorted(counter.items())]
     shapes = [{"batch": b, "kept": n, "drafts": int(c), "expected": e / c, "accepted": a / c}
               for (b, n), (c, e, a) in sorted(by_shape.items())]
     positions = [{"position": j, "expected": e, "accepted": a}
@@ -96,9 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     print("position  expected  accepted   (tokens, all drafts)")
     for p in positions:
         print(f"{p['position']:8d} {p['expected']:9.1f} {p['accepted']:9.0f}")
+    if counterfactual:
+        print("fate       position  proposed  would accept  valued   (every draft as proposed)")
+        for c in counterfactual:
+            valued = "" if c["valued"] is None else f"{c['valued']:8.1f}"
+            print(f"{c['fate']:<10} {c['position'] + 1:8d} {c['proposed']:9d} "
+                  f"{c['would_accept']:13d} {valued}")
     if args.json:
         args.json.write_text(json.dumps({"proposer": args.proposer, "slices": args.slices,
-                                         "shapes": shapes, "positions": positions}, indent=1))
+                                         "shapes": shapes, "positions": positions,
+                                         "counterfactual": counterfactual}, indent=1))
     return 0
 
 
