@@ -156,6 +156,8 @@ class Controller(Learner):
                 learned = np.where(np.asarray(missed, dtype=bool) & (drafted == 0), 1, drafted)
             ks, reasons = self._step(slots, learned, accepted, step_time_s, src, drafted)
             self._note_class_k(slots, ks)  # (what was decided, before a guard's hold)
+            if allow and self._latency_hold(slots, ks):
+                allow = False
             if not allow:
                 reasons = np.where(ks > 0, why.CODE[why.GUARD_HOLD], reasons)
                 ks = np.zeros_like(ks)
@@ -188,12 +190,29 @@ class Controller(Learner):
                 len(slots), speculated, int(np.sum(accepted)),
                 None if step_time_s is None else step_time_s * 1e3,
                 bool((self.cls_kind[self.req_class[slots]] > 1).any()),
-                self.step_slack, self.guard_gates, self.latency_burst)
+                self.step_slack, self.guard_gates, int(np.sum(drafted)))
         except Exception:
             self._fault("payoff guard failed")
             return True
         self._metrics("record_payoff", hold, loss, guard.account_ms if self.guard_gates else None)
         return allow
+
+    def _latency_hold(self, slots: np.ndarray, ks: np.ndarray) -> bool:
+        """Beside a latency-critical request, do steps like the plan (about this batch, at
+        most its draft tokens) measure slower than that request allows (latency_burst, the
+        most one step may take over plain)? Then the plan is held plain, whatever the cost
+        model priced it at: measurements decide where the model may be wrong."""
+        guard = self.guard
+        if guard is None or not ks.any() or not (self.cls_kind[self.req_class[slots]] > 1).any():
+            return False
+        try:
+            slow = guard.drafts_slow_steps(self.latency_burst, len(slots), int(ks.sum()))
+        except Exception:
+            self._fault("payoff guard failed")
+            return False
+        if slow:
+            self._metrics("record_payoff", "latency", None, None)
+        return slow
 
     def plain_reference_ms(self, n: int) -> float:
         """The plain steps of about `n` requests this engine measured (the guard's estimate),

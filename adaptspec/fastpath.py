@@ -216,6 +216,9 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
     # forced ones).
     t_ms = np.empty(BINS + 1)
     goodput = np.empty(BINS + 1)
+    spec_t = np.empty(BINS + 1)
+    value_t = np.empty(BINS + 1)
+    max_k_t = np.empty(BINS + 1, dtype=np.int64)
     spec = 0.0
     value = 0.0
     max_k = k_min_max
@@ -226,6 +229,7 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
             spec += counts[threshold]
             value += values[threshold]
             max_k = max(max_k, longest[threshold])
+        spec_t[t], value_t[t], max_k_t[t] = spec, value, max_k
         t_ms[t] = (step_time(coef, n, spec + n_forced, float(max_k), knee)
                    + shape_ms[min(np.int64(spec + n_forced), shape_ms.shape[0] - 1)])
         goodput[t] = (value + (n + forced_gain)) / max(t_ms[t], 1e-9)
@@ -246,6 +250,53 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
         for i in range(n):
             ks[i] += 1 if q[j, i] >= BINS + 1 - best else 0
             wanted[i] += 1 if q[j, i] >= BINS + 1 - best_free else 0
+    plan_bin, plan_ms = BINS + 1 - best, t_ms[best]
+    # Under a limit, part of the next bin (step_reference.decide says why): its positions one
+    # at a time by value, then position-major, while the step keeps within the limit.
+    b = 0
+    if limit < np.inf:
+        for j in range(kk):
+            for i in range(n):
+                if q[j, i] < BINS + 1 - best:
+                    b = max(b, q[j, i])
+    if b > 0:
+        m = 0
+        for j in range(kk):
+            for i in range(n):
+                m += 1 if q[j, i] == b else 0
+        jj = np.empty(m, dtype=np.int64)
+        ii = np.empty(m, dtype=np.int64)
+        r = 0
+        for j in range(kk):
+            for i in range(n):
+                if q[j, i] == b:
+                    jj[r], ii[r] = j, i
+                    r += 1
+        vals = np.empty(m)
+        for r in range(m):
+            vals[r] = -inc[jj[r], ii[r]]
+        order = np.argsort(vals, kind="mergesort")
+        s = spec_t[best] + n_forced
+        mk = max_k_t[best]
+        v = value_t[best]
+        g_best = goodput[best]
+        take = 0
+        for r in range(m):
+            j, i = jj[order[r]], ii[order[r]]
+            s += 1.0
+            mk = max(mk, j + 1)
+            v += inc[j, i]
+            t_r = (step_time(coef, n, s, float(mk), knee)
+                   + shape_ms[min(np.int64(s), shape_ms.shape[0] - 1)])
+            if not t_r <= limit:
+                break
+            g_r = (v + (n + forced_gain)) / max(t_r, 1e-9)
+            if g_r > g_best:
+                g_best, take, plan_ms = g_r, r + 1, t_r
+        if take > 0:
+            for r in range(take):
+                ks[ii[order[r]]] += 1
+            plan_bin = b
     if hyst_steps > 1:
         state = np.empty((2, n), dtype=np.int64)
         for i in range(n):
@@ -261,7 +312,7 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
     kinds = np.empty(n, dtype=np.int64)
     for i in range(n):
         kinds[i] = 0 if ks[i] > 0 else cls_kind[cls[i]]
-    return ks, kinds, inc, BINS + 1 - best, t_ms[best]
+    return ks, kinds, inc, plan_bin, plan_ms
 
 
 def warm_up() -> None:

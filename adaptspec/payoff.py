@@ -54,7 +54,8 @@ class PayoffGuard:
     plain_at (step index of the last plain sample per batch size), account_ms, steps,
     spec_steps, loss_ms (total charged), time_ms (total measured), forced_plain, held,
     spec_ratio, ratio_n (batch size -> speculating steps' time over plain decoding's at that
-    size, running mean over ratio_n of them).
+    size, running mean over ratio_n of them), shape_ratio, shape_n (the same per (batch size,
+    draft tokens verified)).
     """
 
     def __init__(self, budget: float = 0.01, cap_steps: float = 8.0, refresh_steps: int = 256,
@@ -85,6 +86,8 @@ class PayoffGuard:
         # it makes a step of 4 slower)
         self.spec_ratio: dict[int, float] = {}
         self.ratio_n: dict[int, int] = {}
+        self.shape_ratio: dict[tuple[int, int], float] = {}
+        self.shape_n: dict[tuple[int, int], int] = {}
         self.min_ratio_samples = 8
 
     # ---------------------------------------------------------------- the plain reference
@@ -165,7 +168,8 @@ class PayoffGuard:
         return True
 
     def observe(self, batch: int, speculated: bool, accepted: int, step_ms: float | None,
-                latency_critical: bool = False, slack: float = 0.0) -> float | None:
+                latency_critical: bool = False, slack: float = 0.0, spec_tokens: int = 1
+                ) -> float | None:
         """One engine step: `speculated` if it verified or proposed drafts; `accepted` draft
         tokens in all; `step_ms` None for a step that also prefilled. Returns the loss charged
         (ms; negative: a gain), or None if the step was not charged."""
@@ -185,7 +189,7 @@ class PayoffGuard:
             # cores, a pause in the engine): charged as that, not in full, or one stall would
             # hold speculation that pays for hundreds of steps.
             t = min(step_ms, STALL_FACTOR * plain)
-            self._add_ratio(batch, t / plain)
+            self._add_ratio(batch, t / plain, spec_tokens)
             loss = t - (batch + max(accepted, 0)) / batch * plain
             if latency_critical:
                 loss = max(loss, t - (1.0 + slack) * plain)
@@ -196,45 +200,51 @@ class PayoffGuard:
         self.account_ms = min(self.account_ms, self.cap_steps * ref)
         return loss
 
-    def _add_ratio(self, batch: int, r: float) -> None:
+    def _add_ratio(self, batch: int, r: float, spec_tokens: int) -> None:
         # A running mean over about `memory` speculating steps, like the plain estimates.
-        n = self.ratio_n.get(batch, 0) + 1
-        old = self.spec_ratio.get(batch, r)
-        self.spec_ratio[batch] = old + (r - old) / min(n, self.memory)
-        self.ratio_n[batch] = n
+        for ratio, count, key in ((self.spec_ratio, self.ratio_n, batch),
+                                  (self.shape_ratio, self.shape_n,
+                                   (batch, max(int(spec_tokens), 0)))):
+            n = count.get(key, 0) + 1
+            old = ratio.get(key, r)
+            ratio[key] = old + (r - old) / min(n, self.memory)
+            count[key] = n
 
-    def drafts_slow_steps(self, slack: float, batch: int) -> bool:
+    def drafts_slow_steps(self, slack: float, batch: int, spec_tokens: int | None = None
+                          ) -> bool:
         """Have speculating steps of about this batch size (within a quarter, as `_fresh`)
         measured slower than (1 + slack) x plain decoding's at their size, on average over
-        enough of them to say? A latency-critical request gets one token a step whatever the
-        others accept, so such a step is that much slower for it. Judged near the batch size
-        because what a draft costs depends on it: on two CPU cores a step of 2 requests with
-        2 drafts took 0.67x a plain one, a step of 4 with 2 drafts 1.2x."""
-        near = [b for b in _near(batch) if b in self.ratio_n]
-        n = sum(self.ratio_n[b] for b in near)
+        enough of them to say? With `spec_tokens`, only those that verified at most that many
+        draft tokens: a plan of one draft is judged by steps like it, not by the deep drafts
+        of full batches (on two CPU cores a step of 5 with one draft ran as fast as a plain
+        one, a step of 4 with three 1.13x). A latency-critical request gets one token a step
+        whatever the others accept, so such a step is that much slower for it. Judged near
+        the batch size because what a draft costs depends on it: on two CPU cores a step of 2
+        requests with 2 drafts took 0.67x a plain one, a step of 4 with 2 drafts 1.2x."""
+        near = _near(batch)
+        if spec_tokens is None:
+            cells = [(self.ratio_n[b], self.spec_ratio[b]) for b in near if b in self.ratio_n]
+        else:
+            cells = [(self.shape_n[k], self.shape_ratio[k]) for k in self.shape_n
+                     if k[0] in near and k[1] <= spec_tokens]
+        n = sum(c for c, _ in cells)
         if n < self.min_ratio_samples:
             return False
-        mean = sum(self.ratio_n[b] * self.spec_ratio[b] for b in near) / n
-        return mean > 1.0 + slack
+        return sum(c * r for c, r in cells) / n > 1.0 + slack
 
     def step(self, batch: int, speculated: bool, accepted: int, step_ms: float | None,
-             latency_critical: bool, slack: float, gates: bool, burst: float | None = None
+             latency_critical: bool, slack: float, gates: bool, spec_tokens: int = 1
              ) -> tuple[bool, str | None, float | None]:
-        """One engine step seen (`observe`); may the next speculate, why not (a hold reason:
-        the guard's own, or "latency"), and the loss charged. Not gating, the guard only keeps
-        its account and never holds, except that with a latency-critical request in the batch
-        measurements decide: the cost model may price a step with drafts within what that
-        request allows (`burst`, the most one step may take over plain, Learner.latency_burst;
-        default the slack)
-        while the engine measures such steps slower. `slack`: what the step just measured was
-        allowed, against which its loss is charged."""
+        """One engine step seen (`observe`, `spec_tokens` the draft tokens it verified); may
+        the next speculate, why not (the guard's hold reason), and the loss charged. Not
+        gating, the guard only keeps its account and never holds. `slack`: what the step just
+        measured was allowed, against which its loss is charged. (Beside a latency-critical
+        request the plan is then judged by `drafts_slow_steps`, with its draft tokens.)"""
         loss = self.observe(batch, speculated, accepted, step_ms,
-                            latency_critical=latency_critical, slack=slack)
+                            latency_critical=latency_critical, slack=slack,
+                            spec_tokens=spec_tokens)
         allow = self.allow(batch) if gates else True
         hold = self.last_hold if gates else None
-        if allow and latency_critical and self.drafts_slow_steps(
-                slack if burst is None else burst, batch):
-            allow, hold = False, "latency"
         return allow, hold, loss
 
     def summary(self) -> dict[str, float]:

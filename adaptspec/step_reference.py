@@ -87,8 +87,8 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
     for any s past the end); slack: latency_critical_slack. Hysteresis (hyst_steps >
     1): prev_k and votes per slot, updated in place.
 
-    Returns (K, the decision kinds (0: speculate), the increments [kk, n], the threshold bin,
-    the plan's predicted step time in ms).
+    Returns (K, the decision kinds (0: speculate), the increments [kk, n], the lowest bin
+    drafted (under a limit, perhaps only part of it), the plan's predicted step time in ms).
     """
     kk, n = post.shape[0] // 2, len(cls)
     # Per class: posterior mean acceptance per position and its spread (normal approximation
@@ -133,11 +133,36 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
     # A latency-critical request in the batch limits the step to plain decoding's time plus
     # the slack; an SLO limits it to the SLO. The forced minimum is always allowed.
     limit = t_ms[0] * (1.0 + slack) if (cls_kind[cls] > 1).any() else np.inf
-    allowed = t_ms <= min(limit, cls_slo_ms[cls].min())
+    limit = min(limit, cls_slo_ms[cls].min())
+    allowed = t_ms <= limit
     allowed[0] = True
     best = int(np.where(allowed, goodput, -np.inf).argmax())
 
     ks = k_min + (q >= threshold[best]).sum(axis=0)
+    plan_bin, plan_ms = int(threshold[best]), float(t_ms[best])
+    # Under a limit part of the next bin may fit where the whole does not: requests of one
+    # class without records of their own share every bin, so beside a latency-critical
+    # request the smallest plan after plain decoding drafts one token for each of them. The
+    # next bin's positions go in one at a time (by value, then position-major, so each draft
+    # stays a run), while the step keeps within the limit; the prefix of most goodput is
+    # kept where it beats the plan's.
+    lower = q[(q > 0) & (q < threshold[best])]
+    if np.isfinite(limit) and lower.size:
+        b = lower.max()
+        jj, ii = np.nonzero(q == b)
+        order = np.argsort(-inc[jj, ii], kind="mergesort")
+        jj, ii = jj[order], ii[order]
+        s = spec[best] + np.arange(1, jj.size + 1)
+        mk = np.maximum(max_k[best], np.maximum.accumulate(jj + 1)).astype(float)
+        t = (step_time(coef, n, s, mk, knee)
+             + shape_ms[np.minimum(s.astype(np.int64), len(shape_ms) - 1)])
+        v = np.add.accumulate(np.append(value[best], inc[jj, ii]))[1:]
+        g = (v + (n + forced_gain)) / np.maximum(t, 1e-9)
+        g = np.where(np.logical_and.accumulate(t <= limit), g, -np.inf)
+        m = int(g.argmax())
+        if g[m] > goodput[best]:
+            ks = ks + np.bincount(ii[: m + 1], minlength=n)
+            plan_bin, plan_ms = int(b), float(t[m])
     if hyst_steps > 1:
         # K rises by one only after hyst_steps steps in a row asked for it (a jump of two is
         # a real change; decreases apply at once), judged on the plan without the limits: a
@@ -150,4 +175,4 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
         votes[slots] = np.where(hold, v + 1, 0)
         ks = np.minimum(ks, granted)
     kinds = np.where(ks > 0, 0, cls_kind[cls])
-    return ks, kinds, inc, int(threshold[best]), float(t_ms[best])
+    return ks, kinds, inc, plan_bin, plan_ms

@@ -90,6 +90,8 @@ def _decide_case(rng: np.random.Generator, n: int) -> tuple:
     slots = rng.integers(0, cap, n) if rng.random() < 0.1 else rng.permutation(cap)[:n]
     sn = rng.random((2, n)) * rng.choice([0.0, 5.0, 40.0])
     sn[0] = np.minimum(sn[0], sn[1])
+    if rng.random() < 0.3:  # one record for all: a class's requests tie in every bin
+        sn[:] = sn[:, :1]
     explore = rng.random(n) < float(rng.choice([0.0, 0.05, 0.5]))
     if rng.random() < 0.2:
         explore = np.zeros(0, dtype=bool)  # exploration off
@@ -122,6 +124,39 @@ def test_decide_equals_reference(n: int) -> None:
         np.testing.assert_array_equal(votes, copies[1])
         drafting += int(got[0].any())
     assert drafting > 5  # the cases are not all K = 0
+
+
+def _tied_beside_critical(slack: float) -> tuple:
+    """decide's arguments for four requests of one class without records (tied in every bin)
+    beside a latency-critical one; a step costs 80 ms plus 3.5 ms a draft token."""
+    kk = 4
+    est = AcceptanceEstimator(2, kk)
+    est.set_prior(0, np.full(kk, 0.6), 20.0)
+    est.set_prior(1, np.full(kk, 0.6), 20.0)
+    coef = np.zeros(N_FEATURES)
+    coef[0], coef[2] = 80.0, 3.5
+    cap = 8
+    return (est.posterior_sums(), np.zeros(2, dtype=np.int64), np.array([kk, 0]),
+            np.array([1, 2]), np.full(2, np.inf), np.ones(2), np.zeros((2, 5)),
+            np.array([0, 0, 0, 0, 1]), np.zeros(0, dtype=bool), np.zeros((0, 1)), coef,
+            1000.0, np.zeros(1), slack, 1, np.zeros(cap, dtype=np.int64),
+            np.zeros(cap, dtype=np.int64), np.arange(5))
+
+
+@pytest.mark.parametrize(("slack", "drafts"), [(0.0, 0), (0.05, 1), (0.1, 2), (0.2, 4)])
+def test_a_limit_takes_part_of_a_tied_bin(slack: float, drafts: int) -> None:
+    """Beside a latency-critical request the step may take `slack` over plain: as many draft
+    tokens as fit (3.5 ms each over 80), where the four tied first positions go in together
+    or not at all (a 5% slack fits one, 10% two), first positions before second ones."""
+    args = _tied_beside_critical(slack)
+    ks, kinds, _, _, ms = fastpath.decide(*args)
+    assert int(ks.sum()) == drafts and ks[4] == 0
+    assert ks.max() <= max(1, drafts - 3)  # the first positions go in before any second
+    assert ms == pytest.approx(80.0 + 3.5 * drafts) and ms <= 80.0 * (1 + slack)
+    assert kinds[4] == 2
+    want = ref.decide(*args)
+    for a, b in zip((ks, kinds, *fastpath.decide(*args)[2:]), want, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def _policies() -> dict[str, Policy]:

@@ -393,6 +393,24 @@ def test_the_latency_check_judges_drafts_at_about_the_batch_size() -> None:
     assert guard.drafts_slow_steps(0.02, 4)
 
 
+def test_the_latency_check_judges_a_plan_by_steps_of_as_few_drafts() -> None:
+    """Steps of 4 with three drafts measured 1.2x plain, with one draft as fast as plain: a
+    plan of one draft is judged by the one-draft steps and goes on, a plan of three (or any
+    plan, judged without its drafts) is held."""
+    guard = PayoffGuard()
+    for _ in range(4):
+        guard.observe(4, False, 0, 300.0)
+    for _ in range(guard.min_ratio_samples):
+        guard.observe(4, True, 1, 360.0, spec_tokens=3)
+    assert guard.drafts_slow_steps(0.02, 4, 3) and guard.drafts_slow_steps(0.02, 4)
+    assert not guard.drafts_slow_steps(0.02, 4, 1)  # none measured: not enough to say
+    for _ in range(guard.min_ratio_samples):
+        guard.observe(4, True, 1, 300.0, spec_tokens=1)
+    assert not guard.drafts_slow_steps(0.02, 4, 1)
+    assert not guard.drafts_slow_steps(0.02, 5, 2)  # (near 4: the one-draft steps only)
+    assert guard.drafts_slow_steps(0.02, 4, 3)  # pooled, 1.1x plain
+
+
 def test_a_latency_critical_request_beside_one_gets_drafts_that_make_the_step_faster() -> None:
     """An engine whose step costs by its rows (a request or a draft token each), where 2 rows
     take longer than 4 (the 1.5B on two CPU cores). Beside a latency-critical request the
