@@ -157,7 +157,7 @@ class Controller(Learner):
             ks, reasons = self._step(slots, learned, accepted, step_time_s, src, drafted)
             self._note_class_k(slots, ks)  # (what was decided, before a guard's hold)
             if allow and self._latency_hold(slots, ks):
-                allow = False
+                allow, self.held = False, True  # (new requests plain too, as on a guard hold)
             if not allow:
                 reasons = np.where(ks > 0, why.CODE[why.GUARD_HOLD], reasons)
                 ks = np.zeros_like(ks)

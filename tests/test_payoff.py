@@ -305,6 +305,14 @@ def _beside_latency_critical(spec_ms: float, steps: int, slack: float = 0.02,
     controller's cost model is fixed (not learned) and prices a draft token at `token_ms`; the
     engine measures a plain step of 2 at 100 ms and one with K drafts at `spec_ms` + K x
     `token_ms`. Returns the code request's K for each step and the metrics' text."""
+    ks, text, _ = _run_beside_latency_critical(spec_ms, steps, slack, token_ms, **policy)
+    return ks, text
+
+
+def _run_beside_latency_critical(spec_ms: float, steps: int, slack: float, token_ms: float,
+                                 **policy: object
+                                 ) -> tuple[list[int], str, AdaptiveRuntime]:
+    """`_beside_latency_critical`, and the runtime after it."""
     from prometheus_client import CollectorRegistry, generate_latest
 
     from adaptspec.metrics import Metrics
@@ -327,7 +335,7 @@ def _beside_latency_critical(spec_ms: float, steps: int, slack: float = 0.02,
         ms = spec_ms + k * token_ms if k else 100.0
         k = rt.step(["a", "i"], [k, 0], [k // 2, 0], ms / 1e3)["a"]
         ks.append(k)
-    return ks, generate_latest(reg).decode()
+    return ks, generate_latest(reg).decode(), rt
 
 
 def test_a_latency_critical_request_is_slowed_by_the_slack_on_average() -> None:
@@ -359,6 +367,15 @@ def test_a_step_over_the_burst_holds_drafts_beside_a_latency_critical_request() 
     ks, text = _beside_latency_critical(130.0, 40, slack=0.2, latency_critical_burst=0.4)
     assert 'reason="latency"' not in text
     assert sum(1 for k in ks if k) >= 2
+
+
+def test_a_latency_hold_keeps_a_new_request_plain_too() -> None:
+    """Held plain for latency, the step's newcomers are held too: a request admitted then is
+    planned K = 0 for its prefill step (which proposes its first drafts), not its class's K."""
+    ks, _, rt = _run_beside_latency_critical(130.0, 40, 0.2, 0.0)
+    assert ks[-1] == 0
+    rt.admit("b", RequestInfo())
+    assert rt.k_for("b") == 0
 
 
 def test_the_burst_caps_the_step_a_plan_may_take() -> None:
