@@ -255,15 +255,12 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
     # at a time by value, then position-major, while the step keeps within the limit.
     b = 0
     if limit < np.inf:
-        for j in range(kk):
-            for i in range(n):
-                if q[j, i] < BINS + 1 - best:
-                    b = max(b, q[j, i])
+        for t in range(best + 1, BINS + 1):
+            if counts[BINS + 1 - t] > 0:
+                b = BINS + 1 - t
+                break
     if b > 0:
-        m = 0
-        for j in range(kk):
-            for i in range(n):
-                m += 1 if q[j, i] == b else 0
+        m = np.int64(counts[b])
         jj = np.empty(m, dtype=np.int64)
         ii = np.empty(m, dtype=np.int64)
         r = 0

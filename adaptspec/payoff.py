@@ -53,9 +53,8 @@ class PayoffGuard:
     cap_steps, refresh_steps, plain_ms (batch size -> running plain step time), plain_n,
     plain_at (step index of the last plain sample per batch size), account_ms, steps,
     spec_steps, loss_ms (total charged), time_ms (total measured), forced_plain, held,
-    spec_ratio, ratio_n (batch size -> speculating steps' time over plain decoding's at that
-    size, running mean over ratio_n of them), shape_ratio, shape_n (the same per (batch size,
-    draft tokens verified)).
+    shape_ratio, shape_n ((batch size, draft tokens verified) -> speculating steps' time over
+    plain decoding's at that batch size, running mean over shape_n of them).
     """
 
     def __init__(self, budget: float = 0.01, cap_steps: float = 8.0, refresh_steps: int = 256,
@@ -84,8 +83,6 @@ class PayoffGuard:
         # Speculating steps' time over plain decoding's at the same batch size (running mean
         # per batch size: on a CPU a draft token can make a step of 2 faster than plain, where
         # it makes a step of 4 slower)
-        self.spec_ratio: dict[int, float] = {}
-        self.ratio_n: dict[int, int] = {}
         self.shape_ratio: dict[tuple[int, int], float] = {}
         self.shape_n: dict[tuple[int, int], int] = {}
         self.min_ratio_samples = 8
@@ -202,13 +199,11 @@ class PayoffGuard:
 
     def _add_ratio(self, batch: int, r: float, spec_tokens: int) -> None:
         # A running mean over about `memory` speculating steps, like the plain estimates.
-        for ratio, count, key in ((self.spec_ratio, self.ratio_n, batch),
-                                  (self.shape_ratio, self.shape_n,
-                                   (batch, max(int(spec_tokens), 0)))):
-            n = count.get(key, 0) + 1
-            old = ratio.get(key, r)
-            ratio[key] = old + (r - old) / min(n, self.memory)
-            count[key] = n
+        key = (batch, max(int(spec_tokens), 0))
+        n = self.shape_n.get(key, 0) + 1
+        old = self.shape_ratio.get(key, r)
+        self.shape_ratio[key] = old + (r - old) / min(n, self.memory)
+        self.shape_n[key] = n
 
     def drafts_slow_steps(self, slack: float, batch: int, spec_tokens: int | None = None
                           ) -> bool:
@@ -222,11 +217,9 @@ class PayoffGuard:
         the batch size because what a draft costs depends on it: on two CPU cores a step of 2
         requests with 2 drafts took 0.67x a plain one, a step of 4 with 2 drafts 1.2x."""
         near = _near(batch)
-        if spec_tokens is None:
-            cells = [(self.ratio_n[b], self.spec_ratio[b]) for b in near if b in self.ratio_n]
-        else:
-            cells = [(self.shape_n[k], self.shape_ratio[k]) for k in self.shape_n
-                     if k[0] in near and k[1] <= spec_tokens]
+        most = spec_tokens if spec_tokens is not None else math.inf
+        cells = [(self.shape_n[k], self.shape_ratio[k]) for k in self.shape_n
+                 if k[0] in near and k[1] <= most]
         n = sum(c for c, _ in cells)
         if n < self.min_ratio_samples:
             return False

@@ -146,7 +146,7 @@ def decide(post: np.ndarray, cls_k_min: np.ndarray, cls_k_max: np.ndarray,
     # next bin's positions go in one at a time (by value, then position-major, so each draft
     # stays a run), while the step keeps within the limit; the prefix of most goodput is
     # kept where it beats the plan's.
-    lower = q[(q > 0) & (q < threshold[best])]
+    lower = np.flatnonzero(counts[1: threshold[best]]) + 1  # (bin 0: never drafted)
     if np.isfinite(limit) and lower.size:
         b = lower.max()
         jj, ii = np.nonzero(q == b)
