@@ -87,6 +87,21 @@ class Controller(Learner):
                 k[i], reason[i] = self._new_plan(name)
         return StepPlan(list(req_ids), k, prop, reason)
 
+    def draft_bounds(self, plan: StepPlan) -> np.ndarray:
+        """Per request of `plan`, the longest draft its step may verify once the drafts are
+        seen (synchronous scheduling, before `cut`). A K the decision learned (exploring
+        included) was chosen as if every request drafted its K; the drafts as proposed show
+        which have nothing (no match), so such a request's bound is its class's, and `cut`
+        spends on the drafts that came what the step's shape says pays. A K that a bound or a
+        hold set (class cap, latency-critical, guard, engine cap, pass cost, fallback, a new
+        request, a cost probe) stays the bound."""
+        out = plan.k.copy()
+        free = (plan.reason == why.CODE[why.LEARNED]) | (plan.reason == why.CODE[why.EXPLORING])
+        for i in np.flatnonzero(free).tolist():
+            bound = self._class_bound(self._class_name_of(plan.req_ids[i]))
+            out[i] = max(int(out[i]), bound or 0)
+        return out
+
     def plan(self, fb: StepFeedback) -> StepPlan:
         """Feed back one engine step; the plan for these requests' next step. Every bound on K
         applies here, in order: the decision (learned or exploring; latency-critical classes

@@ -170,7 +170,7 @@ class StepCostModel:
                      + self.shape_offset(batch, int(spec_tokens)))
 
     def trim(self, values: np.ndarray, keep: np.ndarray, batch: int, k_min: np.ndarray,
-             slack: float | None = None) -> np.ndarray:
+             slack: float | None = None, max_spec: int | None = None) -> np.ndarray:
         """The drafts to verify next step, trimmed to the step shape that pays best.
 
         `values` [k, m]: per draft position the expected accepted tokens of keeping it (a
@@ -179,7 +179,8 @@ class StepCostModel:
         latency-critical request is in the batch, the step may take at most that share more
         than plain decoding. Tokens go in by value, so every draft keeps a prefix; the plan
         kept is the one of most tokens per predicted ms (n + accepted over the step time
-        with the shape's residual). Never longer than `keep`."""
+        with the shape's residual), of at most `max_spec` draft tokens in all where given
+        (beyond what is forced). Never longer than `keep`."""
         keep = np.asarray(keep, dtype=np.int64)
         m = keep.size
         forced = np.minimum(np.asarray(k_min, dtype=np.int64), keep)
@@ -201,6 +202,8 @@ class StepCostModel:
         t_ms = (step_time(self.coef_at(batch), batch, spec.astype(float), max_k, self.knee)
                 + self.shape_offset(batch, spec))
         goodput = (batch + gain) / np.maximum(t_ms, 1e-9)
+        if max_spec is not None:
+            goodput = np.where((spec <= max(max_spec, base)) | (plans == 0), goodput, -np.inf)
         if slack is not None:
             plain = self.predict(batch, 0.0, 0.0)
             goodput = np.where((t_ms <= plain * (1.0 + slack)) | (plans == 0), goodput,

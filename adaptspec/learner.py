@@ -488,7 +488,8 @@ class Learner:
         reasons[self.cls_kind[cls] > 1] = why.CODE[why.LATENCY_CRITICAL]
         return reasons
 
-    def cut(self, slots: np.ndarray, lengths: np.ndarray, confidence: np.ndarray) -> np.ndarray:
+    def cut(self, slots: np.ndarray, lengths: np.ndarray, confidence: np.ndarray,
+            planned: np.ndarray | None = None) -> np.ndarray:
         """Draft lengths after weighing each draft's own confidence; never longer than given.
 
         The last decision drafted every token whose expected value (the running product of
@@ -507,14 +508,18 @@ class Learner:
         corrected by what the tokens kept there turned into, `OutcomeCalibration`): a
         confident draft keeps what was planned, a doubtful one is cut short. Requests the
         last decision did not cover keep their drafts; forced positions (k_min) are kept.
-        Each confidence is kept until its draft is verified, to calibrate.
+        Each confidence is kept until its draft is verified, to calibrate. `planned`: the
+        K the last decision gave each draft, where `lengths` run past it (Controller.draft_bounds);
+        only a draft the plan gave a token keeps its first one uncalibrated.
         """
         slots = np.asarray(slots, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.int64)
         w = self.policy.confidence_weight
         state = self._last_cut
+        # (the early returns keep what the plan granted; only the trim below may go past it)
+        granted = lengths if planned is None else np.minimum(lengths, planned)
         if slots.size == 0:
-            return lengths.copy()
+            return granted.copy()
         confidence = np.asarray(confidence, dtype=np.float64)
         if w <= 0:
             confidence = np.full(slots.size, np.nan)
@@ -523,15 +528,15 @@ class Learner:
                                         unit_interval(confidence))
         self._conf_pending = True
         if state is None:
-            return lengths.copy()
+            return granted.copy()
         last_slots, last_rows, inc, threshold = state
         k_min = self._row_k_min[last_rows]
         if threshold > BINS:
-            return np.minimum(lengths, k_min.max())
+            return np.minimum(granted, k_min.max())
         col_of = {int(s): i for i, s in enumerate(last_slots.tolist())}
         cols = np.array([col_of.get(int(s), -1) for s in slots.tolist()], dtype=np.int64)
         known = cols >= 0
-        out = lengths.copy()
+        out = granted.copy()
         if not known.any():
             return out
         val, conf = inc[:, cols[known]], self.req_conf[slots[known]]
@@ -553,14 +558,20 @@ class Learner:
         # token counts (on a CPU the first draft tokens of a batch can be free, the next dear).
         # The first token of an uncalibrated draft stays, so that it is verified and
         # calibrates.
+        first = np.minimum(lengths[known], 1)
+        if planned is not None:
+            first = np.minimum(first, np.asarray(planned, dtype=np.int64)[known])
         forced = np.where(calibrated | (val[0] <= 0), k_min[cols[known]],
-                          np.maximum(k_min[cols[known]], np.minimum(lengths[known], 1)))
+                          np.maximum(k_min[cols[known]], first))
         lc = bool((self._row_kind[last_rows] > 1).any())
         values = confidence_values(alpha, shift)
         self.req_value[slots[known]] = values.T
+        # Past the K planned (`planned`), a draft spends only what the plan's requests whose
+        # drafts did not come left: the plan's draft tokens in all.
+        budget = None if planned is None else int(self.req_k[last_slots].sum())
         keep = self.cost.trim(self.outcome.correct(values, last_rows[cols[known]]),
                               lengths[known], last_slots.size, forced,
-                              self.step_slack if lc else None)
+                              self.step_slack if lc else None, budget)
         out[known] = keep  # (the trim never lengthens a draft)
         return out
 

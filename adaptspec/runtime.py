@@ -119,13 +119,26 @@ class AdaptiveRuntime:
         """Index of the proposer to draft a request's next step, in the plan in force."""
         return int(self.plan_for([req_id]).proposer[0])
 
-    def cut(self, req_ids: Sequence[str], lengths: Sequence[int],
-            confidence: Sequence[float]) -> list[int]:
-        """Draft lengths after weighing each draft's own confidence (NaN: none given) and
-        trimming the step to the shape that pays (see Controller.cut).
+    def draft_bounds(self, plan: StepPlan) -> list[int]:
+        """Per request of `plan`, the longest draft `cut` may keep (Controller.draft_bounds);
+        a fault gives the plan's K."""
+        try:
+            return [int(k) for k in self.controller.draft_bounds(plan).tolist()]
+        except Exception:
+            self._count_error()
+            log.exception("adaptspec: draft bounds failed; the plan's K bounds the drafts")
+            return [int(k) for k in plan.k.tolist()]
 
-        Only ever shortens; a fault keeps the drafts as they are (the K already granted)."""
+    def cut(self, req_ids: Sequence[str], lengths: Sequence[int],
+            confidence: Sequence[float], planned: Sequence[int] | None = None) -> list[int]:
+        """Draft lengths after weighing each draft's own confidence (NaN: none given) and
+        trimming the step to the shape that pays (see Controller.cut). `planned`: each
+        request's K in the plan, where `lengths` may run past it (`draft_bounds`).
+
+        Only ever shortens; a fault keeps the drafts as they are, cut to the K planned."""
         out = [int(x) for x in lengths]
+        if planned is not None:
+            planned = [int(k) for k in planned]
         if not req_ids:
             return out
         try:
@@ -135,13 +148,22 @@ class AdaptiveRuntime:
                 ks = self.controller.cut(
                     np.array([slots[i] for i in known], dtype=np.int64),
                     np.array([out[i] for i in known], dtype=np.int64),
-                    np.array([confidence[i] for i in known], dtype=np.float64))
+                    np.array([confidence[i] for i in known], dtype=np.float64),
+                    None if planned is None else np.array([planned[i] for i in known],
+                                                          dtype=np.int64))
                 for i, k in zip(known, ks.tolist(), strict=True):
                     out[i] = max(0, min(out[i], int(k)))
+            # (a request the last decision did not cover keeps its drafts up to its plan)
+            if planned is not None:
+                unknown = set(range(len(out))) - set(known)
+                for i in unknown:
+                    out[i] = min(out[i], planned[i])
         except Exception:
             self._count_error()
             log.exception("adaptspec: confidence cut failed; drafts kept as planned")
-            return [int(x) for x in lengths]
+            if planned is None:
+                return [int(x) for x in lengths]
+            return [min(int(x), k) for x, k in zip(lengths, planned, strict=True)]
         if self.metrics is not None:
             arrived: dict[str, int] = {}
             removed: dict[str, int] = {}
@@ -152,7 +174,10 @@ class AdaptiveRuntime:
                 self.policy.confidence_weight > 0)
             for i in known:
                 c = self.classes.get(req_ids[i], self.policy.default_class)
-                dropped = int(lengths[i]) - out[i]
+                # (what the trim took off the plan's K: tokens past it were never granted)
+                granted = int(lengths[i]) if planned is None else min(int(lengths[i]),
+                                                                      planned[i])
+                dropped = granted - out[i]
                 if dropped > 0:
                     trimmed[c] = trimmed.get(c, 0) + dropped
                 if given[i]:

@@ -111,3 +111,42 @@ def test_a_prior_for_a_slower_engine_is_scaled_to_the_measured_steps() -> None:
     per_token = predict(ctl.cost, 4, 8, 2) - predict(ctl.cost, 4, 0, 0)
     assert per_token < 6.0  # the preset's shape (8 tokens ~ 0.8 of a step at B=4), not 320 ms
     assert ks.min() > 0, ks
+
+
+def test_a_learned_k_bounds_nothing_once_the_drafts_show_who_has_none() -> None:
+    """The plan gave every request its K as if each drafted; where only two drafts come (the
+    others found no match), the cut may spend on those two what the others left, never more
+    than the plan's draft tokens in all, and a draft the plan gave nothing keeps no token on
+    an uncalibrated confidence alone."""
+    ctl, slots, ks = _planned()
+    plan = ctl.plan_for([f"c{i}" for i in range(8)])
+    bounds = ctl.draft_bounds(plan)
+    assert (bounds == ctl.policy.class_k_max("code")).all() and (bounds >= ks).all()
+    none = np.full(2, np.nan)
+    two = np.full(2, 8, dtype=np.int64)
+    got = ctl.cut(slots[:2], two, none, ks[:2])
+    assert (got > ks[:2]).any() and (got <= two).all() and got.sum() <= ks.sum(), (got, ks)
+    # every draft came: the plan's draft tokens bound the step as before
+    got = ctl.cut(slots, np.full(8, 8, dtype=np.int64), np.full(8, np.nan), ks)
+    assert got.sum() <= ks.sum()
+    # planned nothing, doubtful, uncalibrated: not forced to its first token
+    ctl, slots, ks = _planned(confidence_weight=1.0)
+    conf = np.where(np.arange(8) < 4, 0.0, 1.0)
+    assert ctl.cut(slots, ks, conf)[:4].tolist() == [1] * 4  # (planned: forced to one)
+    assert ctl.cut(slots, ks, conf, np.zeros(8, dtype=np.int64))[:4].tolist() == [0] * 4
+
+
+def test_bounds_and_holds_stay_the_draft_bound() -> None:
+    from adaptspec import plan as why
+    from adaptspec.plan import StepPlan
+
+    ctl, slots, ks = _planned()
+    ids = [f"c{i}" for i in range(4)]
+    reasons = [why.LEARNED, why.GUARD_HOLD, why.CLASS_CAP, why.EXPLORING]
+    plan = StepPlan(ids, np.array([0, 0, 3, 1]), np.zeros(4),
+                    np.array([why.CODE[r] for r in reasons]))
+    k_max = ctl.policy.class_k_max("code")
+    assert ctl.draft_bounds(plan).tolist() == [k_max, 0, 3, k_max]
+    lc = ctl.add_request("lc", "interactive")
+    ctl.step(np.array([lc]), np.zeros(1), np.zeros(1), None)
+    assert ctl.draft_bounds(ctl.plan_for(["lc"])).tolist() == [0]
