@@ -70,17 +70,31 @@ class StepPlan:
     k: np.ndarray
     proposer: np.ndarray
     reason: np.ndarray
+    # The longest draft a model-free proposer may hand in, for the scheduler to cut to what
+    # pays once it sees which requests found one (Controller.draft_bounds; synchronous
+    # scheduling only); None: K.
+    bound: np.ndarray | None = None
     _index: dict[str, int] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.k = np.asarray(self.k, dtype=np.int64)
         self.proposer = np.asarray(self.proposer, dtype=np.int64)
         self.reason = np.asarray(self.reason, dtype=np.int64)
+        if self.bound is not None:
+            self.bound = np.maximum(np.asarray(self.bound, dtype=np.int64), self.k)
         self._index = {r: i for i, r in enumerate(self.req_ids)}
 
     def k_of(self, req_id: str, default: int = 0) -> int:
         i = self._index.get(req_id)
         return default if i is None else int(self.k[i])
+
+    def bound_of(self, req_id: str, default: int = 0) -> int:
+        """The longest draft a model-free proposer may hand in for this request (its K where
+        no bound is set)."""
+        i = self._index.get(req_id)
+        if i is None:
+            return default
+        return int(self.k[i] if self.bound is None else self.bound[i])
 
     def proposer_of(self, req_id: str) -> int:
         i = self._index.get(req_id)

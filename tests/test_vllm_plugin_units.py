@@ -47,10 +47,42 @@ def test_our_proposer_drafts_exactly_k_and_nothing_for_k0(monkeypatch: pytest.Mo
     assert set(calls[2:]) == {("a", -1), ("c", -1), ("d", -1), ("b", 1)}
 
 
-def plan_of(ks: dict[str, int]) -> Any:
+def plan_of(ks: dict[str, int], bounds: dict[str, int] | None = None) -> Any:
     from adaptspec.plan import StepPlan
 
-    return StepPlan(list(ks), list(ks.values()), [0] * len(ks), [0] * len(ks))
+    bound = None if bounds is None else [bounds[r] for r in ks]
+    return StepPlan(list(ks), list(ks.values()), [0] * len(ks), [0] * len(ks), bound)
+
+
+def test_a_lookup_proposer_drafts_to_the_bound_and_the_hybrid_to_k(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under synchronous scheduling the plan carries each request's bound (a learned K's is its
+    class's k_max): a lookup drafts up to it, and the scheduler cuts what came to what pays;
+    a proposer whose drafts cost passes drafts K."""
+    from types import SimpleNamespace
+
+    from adaptspec_vllm import proposer as prop
+
+    asked: list[tuple[str, int]] = []
+
+    class Spy:
+        def propose(self, req_id: str, token_ids: Any, k: int) -> Any:
+            asked.append((req_id, k))
+            return SimpleNamespace(tokens=[7] * k)
+
+        def remove_request(self, req_id: str) -> None:
+            pass
+
+    monkeypatch.setattr(prop.NgramProposer, "make_core", lambda self: Spy())
+    cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=6))
+    p = prop.NgramProposer(cfg)
+    tokens = np.arange(30).reshape(3, 10)
+    prop._step.req_ids = ["a", "b", "c"]
+    prop._step.plan = plan_of({"a": 0, "b": 2, "c": 1}, {"a": 8, "b": 8, "c": 1})
+    assert p.propose([[1], [1], [1]], [10, 10, 10], tokens) == [[7] * 6, [7] * 6, [7]]
+    assert prop.HybridProposer.drafts_to_bound is False
+    assert plan_of({"a": 3}, {"a": 1}).bound_of("a") == 3  # (never below K)
+    assert plan_of({"a": 3}).bound_of("a") == 3
 
 
 def test_vllm_proposers_draft_no_more_than_the_longest_k() -> None:

@@ -80,7 +80,13 @@ def _install_runner_hook() -> None:
 
 
 class _AdaptiveProposer:
-    """Base: maps vLLM's batch rows to request ids and K, and keeps request lifetimes."""
+    """Base: maps vLLM's batch rows to request ids and K, and keeps request lifetimes.
+
+    `drafts_to_bound`: a model-free proposer drafts up to the plan's bound (StepPlan.bound_of),
+    not its K, since a lookup costs next to nothing and the scheduler cuts what came to what
+    pays; one whose drafts cost passes (the hybrid's draft model) drafts its K."""
+
+    drafts_to_bound = False
 
     def __init__(self, vllm_config: Any) -> None:
         check_version()
@@ -118,7 +124,12 @@ class _AdaptiveProposer:
             if not sampled:  # a prefill chunk that produced no token yet
                 continue
             req_id = req_ids[i]
-            k = self.k_max if plan is None else min(plan.k_of(req_id, self.k_max), self.k_max)
+            if plan is None:
+                k = self.k_max
+            elif self.drafts_to_bound:
+                k = min(plan.bound_of(req_id, self.k_max), self.k_max)
+            else:
+                k = min(plan.k_of(req_id, self.k_max), self.k_max)
             if k > 0:
                 rows.append(i)
                 asks.append((req_id, token_ids_cpu[i, :int(num_tokens_no_spec[i])], k))
@@ -143,12 +154,16 @@ class _AdaptiveProposer:
 class NgramProposer(_AdaptiveProposer):
     """Prompt-lookup drafts from each request's own tokens."""
 
+    drafts_to_bound = True
+
     def make_core(self) -> core.Proposer:
         return core.NgramProposer()
 
 
 class SuffixProposer(_AdaptiveProposer):
     """Drafts from the request's own text and from recent outputs of other requests."""
+
+    drafts_to_bound = True
 
     def make_core(self) -> core.Proposer:
         return core.SuffixProposer()

@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from adaptspec_vllm import runner_choice, touchpoints
 from adaptspec_vllm.version import check_version
 
@@ -216,6 +217,10 @@ class _Adaptive:
             # one owner of K; read by the proposer wrapper on the worker (same process, or
             # pickled with the SchedulerOutput).
             plan = rt.plan_for(list(scheduler_output.num_scheduled_tokens))
+            if not self._async:
+                # (model-free proposers of ours draft up to the bound; update_draft_token_ids
+                # cuts what came to what pays. Under async scheduling nothing is cut.)
+                plan.bound = np.asarray(rt.draft_bounds(plan), dtype=np.int64)
             scheduler_output.adaptspec_plan = plan
             # vLLM's own proposers (ngram, draft_model, eagle) draft num_spec_tokens_to_schedule
             # tokens for the whole batch (the field vLLM's batch-size schedule sets): the plan's
