@@ -292,9 +292,9 @@ def test_vllms_ngram_drafts_get_the_requests_record_as_their_confidence(
     seen: dict[str, float] = {}
     cut = rt.cut
 
-    def spy(req_ids: Any, lengths: Any, confidence: Any) -> Any:
+    def spy(req_ids: Any, lengths: Any, confidence: Any, planned: Any = None) -> Any:
         seen.update(zip(req_ids, confidence, strict=True))
-        return cut(req_ids, lengths, confidence)
+        return cut(req_ids, lengths, confidence, planned)
 
     rt.cut = spy
     reqs = [make_request("good", 20, 40), make_request("bad", 24, 40)]

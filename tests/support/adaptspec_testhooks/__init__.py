@@ -140,10 +140,13 @@ def _patch_runtime(runtime_module: Any) -> None:
             self.controller._new[req_id] = (cls, self.proposers.index("draft"))
         return cls
 
-    def forced_cut(self: Any, req_ids: Any, lengths: Any, confidence: Any) -> list[int]:
-        if forcing() is not None:
-            return [int(x) for x in lengths]
-        return cut(self, req_ids, lengths, confidence)
+    def forced_cut(self: Any, req_ids: Any, lengths: Any, confidence: Any,
+                   planned: Any = None) -> list[int]:
+        if forcing() is not None:  # (the forced K, as planned: nothing trimmed)
+            if planned is None:
+                return [int(x) for x in lengths]
+            return [min(int(x), int(k)) for x, k in zip(lengths, planned, strict=True)]
+        return cut(self, req_ids, lengths, confidence, planned)
 
     forced_step._testhook = True  # type: ignore[attr-defined]
     Runtime.step, Runtime.admit, Runtime.cut = forced_step, forced_admit, forced_cut
