@@ -19,11 +19,28 @@ pytestmark = pytest.mark.vllm
 
 
 def test_our_proposer_drafts_exactly_k_and_nothing_for_k0(monkeypatch: pytest.MonkeyPatch) -> None:
-    from types import SimpleNamespace
-
     from adaptspec_vllm import proposer as prop
 
     calls: list[tuple[str, int]] = []
+    p = spied_ngram(monkeypatch, calls, 4)
+    tokens = np.arange(40).reshape(4, 10)
+    prop._step.req_ids, prop._step.plan = ["a", "b", "c", "d"], plan_of({"a": 0, "b": 2, "c": 9})
+    drafts = p.propose([[1], [1], [1], []], [10, 10, 10, 5], tokens)
+    # a: K=0, never asked; b: 2; c: capped at num_speculative_tokens; d: prefill, no token yet
+    assert drafts == [[], [7, 7], [7] * 4, []]
+    assert calls == [("b", 2), ("c", 4)]
+    prop._step.req_ids, prop._step.plan = ["b"], plan_of({"b": 1})
+    assert p.propose([[1]], [10], tokens) == [[7]]
+    assert set(calls[2:]) == {("a", -1), ("c", -1), ("d", -1), ("b", 1)}
+
+
+def spied_ngram(monkeypatch: pytest.MonkeyPatch, calls: list[tuple[str, int]], k_max: int
+                ) -> Any:
+    """Our NgramProposer over a core that drafts k 7s and logs (request, k) per ask and
+    (request, -1) per removal."""
+    from types import SimpleNamespace
+
+    from adaptspec_vllm import proposer as prop
 
     class Spy:
         def propose(self, req_id: str, token_ids: Any, k: int) -> Any:
@@ -34,17 +51,8 @@ def test_our_proposer_drafts_exactly_k_and_nothing_for_k0(monkeypatch: pytest.Mo
             calls.append((req_id, -1))
 
     monkeypatch.setattr(prop.NgramProposer, "make_core", lambda self: Spy())
-    cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4))
-    p = prop.NgramProposer(cfg)
-    tokens = np.arange(40).reshape(4, 10)
-    prop._step.req_ids, prop._step.plan = ["a", "b", "c", "d"], plan_of({"a": 0, "b": 2, "c": 9})
-    drafts = p.propose([[1], [1], [1], []], [10, 10, 10, 5], tokens)
-    # a: K=0, never asked; b: 2; c: capped at num_speculative_tokens; d: prefill, no token yet
-    assert drafts == [[], [7, 7], [7] * 4, []]
-    assert calls == [("b", 2), ("c", 4)]
-    prop._step.req_ids, prop._step.plan = ["b"], plan_of({"b": 1})
-    assert p.propose([[1]], [10], tokens) == [[7]]
-    assert set(calls[2:]) == {("a", -1), ("c", -1), ("d", -1), ("b", 1)}
+    cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k_max))
+    return prop.NgramProposer(cfg)
 
 
 def plan_of(ks: dict[str, int], bounds: dict[str, int] | None = None) -> Any:
@@ -59,23 +67,9 @@ def test_a_lookup_proposer_drafts_to_the_bound_and_the_hybrid_to_k(
     """Under synchronous scheduling the plan carries each request's bound (a learned K's is its
     class's k_max): a lookup drafts up to it, and the scheduler cuts what came to what pays;
     a proposer whose drafts cost passes drafts K."""
-    from types import SimpleNamespace
-
     from adaptspec_vllm import proposer as prop
 
-    asked: list[tuple[str, int]] = []
-
-    class Spy:
-        def propose(self, req_id: str, token_ids: Any, k: int) -> Any:
-            asked.append((req_id, k))
-            return SimpleNamespace(tokens=[7] * k)
-
-        def remove_request(self, req_id: str) -> None:
-            pass
-
-    monkeypatch.setattr(prop.NgramProposer, "make_core", lambda self: Spy())
-    cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=6))
-    p = prop.NgramProposer(cfg)
+    p = spied_ngram(monkeypatch, [], 6)
     tokens = np.arange(30).reshape(3, 10)
     prop._step.req_ids = ["a", "b", "c"]
     prop._step.plan = plan_of({"a": 0, "b": 2, "c": 1}, {"a": 8, "b": 8, "c": 1})
