@@ -96,10 +96,15 @@ class Controller(Learner):
         hold set (class cap, latency-critical, guard, engine cap, pass cost, fallback, a new
         request, a cost probe) stays the bound."""
         out = plan.k.copy()
-        free = (plan.reason == why.CODE[why.LEARNED]) | (plan.reason == why.CODE[why.EXPLORING])
-        for i in np.flatnonzero(free).tolist():
-            bound = self._class_bound(self._class_name_of(plan.req_ids[i]))
-            out[i] = max(int(out[i]), bound or 0)
+        free = np.flatnonzero((plan.reason == why.CODE[why.LEARNED])
+                              | (plan.reason == why.CODE[why.EXPLORING]))
+        if free.size:
+            # (a learned K was decided at a feedback, so its request has a slot; the class's
+            # k_max as `_class_bound` reads it, vectorised: this runs twice an engine step)
+            slots = np.fromiter((self._slot_of[plan.req_ids[i]] for i in free.tolist()),
+                                dtype=np.int64, count=free.size)
+            bound = np.minimum(self.cls_k_max[self.req_class[slots]], self.k_cap)
+            out[free] = np.maximum(out[free], bound)
         return out
 
     def plan(self, fb: StepFeedback) -> StepPlan:

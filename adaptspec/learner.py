@@ -517,6 +517,8 @@ class Learner:
         w = self.policy.confidence_weight
         state = self._last_cut
         # (the early returns keep what the plan granted; only the trim below may go past it)
+        if planned is not None:
+            planned = np.asarray(planned, dtype=np.int64)
         granted = lengths if planned is None else np.minimum(lengths, planned)
         if slots.size == 0:
             return granted.copy()
@@ -560,7 +562,7 @@ class Learner:
         # calibrates.
         first = np.minimum(lengths[known], 1)
         if planned is not None:
-            first = np.minimum(first, np.asarray(planned, dtype=np.int64)[known])
+            first = np.minimum(first, planned[known])
         forced = np.where(calibrated | (val[0] <= 0), k_min[cols[known]],
                           np.maximum(k_min[cols[known]], first))
         lc = bool((self._row_kind[last_rows] > 1).any())

@@ -153,11 +153,6 @@ class AdaptiveRuntime:
                                                           dtype=np.int64))
                 for i, k in zip(known, ks.tolist(), strict=True):
                     out[i] = max(0, min(out[i], int(k)))
-            # (a request the last decision did not cover keeps its drafts up to its plan)
-            if planned is not None:
-                unknown = set(range(len(out))) - set(known)
-                for i in unknown:
-                    out[i] = min(out[i], planned[i])
         except Exception:
             self._count_error()
             log.exception("adaptspec: confidence cut failed; drafts kept as planned")
