@@ -128,9 +128,14 @@ def main(argv: list[str] | None = None) -> int:
         count[pre + "proposed"] += sum(len(x) for x in dt.draft_token_ids)
         count[pre + "after_k"] += sum(min(len(x), plan.k_of(r)) for r, x in
                                       zip(dt.req_ids, dt.draft_token_ids, strict=True))
+        count[pre + "drafts_proposed"] += sum(len(x) > 0 for x in dt.draft_token_ids)
+        count[pre + "drafts_after_k"] += sum(min(len(x), plan.k_of(r)) > 0 for r, x in
+                                             zip(dt.req_ids, dt.draft_token_ids, strict=True))
         update_drafts(dt)
         count[pre + "after_cut"] += sum(len(sched.requests[r].spec_token_ids)
                                         for r in dt.req_ids if r in sched.requests)
+        count[pre + "drafts_after_cut"] += sum(len(sched.requests[r].spec_token_ids) > 0
+                                               for r in dt.req_ids if r in sched.requests)
 
     def counted_output(so: Any, out: Any) -> Any:
         count["steps"] += 1
