@@ -129,6 +129,23 @@ class AdaptiveRuntime:
             log.exception("adaptspec: draft bounds failed; the plan's K bounds the drafts")
             return [int(k) for k in plan.k.tolist()]
 
+    def keep_drafts(self, req_ids: Sequence[str], lengths: Sequence[int],
+                    confidence: Sequence[float]) -> list[int]:
+        """How many tokens of each draft as proposed the next step verifies: `lengths` (0:
+        none came) cut to each request's bound in the plan in force (`draft_bounds`: a learned
+        K was chosen as if every request drafted, and the drafts now show which came), then
+        the drafts that remain trimmed to the step shape that pays (`cut`, with each
+        request's planned K). `confidence`: each draft's own (NaN: none given)."""
+        plan = self.plan_for(req_ids)
+        keep = [min(int(n), b) for n, b in zip(lengths, self.draft_bounds(plan), strict=True)]
+        came = [i for i, k in enumerate(keep) if k]
+        if came:
+            cut = self.cut([req_ids[i] for i in came], [keep[i] for i in came],
+                           [confidence[i] for i in came], [int(plan.k[i]) for i in came])
+            for i, k in zip(came, cut, strict=True):
+                keep[i] = min(keep[i], k)
+        return keep
+
     def cut(self, req_ids: Sequence[str], lengths: Sequence[int],
             confidence: Sequence[float], planned: Sequence[int] | None = None) -> list[int]:
         """Draft lengths after weighing each draft's own confidence (NaN: none given) and

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -102,9 +103,10 @@ class Request:
         self.accepted = np.zeros(self.length, dtype=np.int64)
         self.ngram = np.zeros(self.length, dtype=np.int64)
         for n in range(1, self.length):
-            d = [int(t) for t in propose(np.asarray(prompt + out[:n], dtype=np.int32), K_MAX)]
+            context = prompt + out[:n]
+            d = [int(t) for t in propose(np.asarray(context, dtype=np.int32), K_MAX)]
             self.drafts.append(d)
-            self.ngram[n] = matched_n(prompt + out[:n]) if d else 0
+            self.ngram[n] = matched_n(context) if d else 0
             truth = out[n:n + K_MAX]
             a = 0
             while a < min(len(d), len(truth)) and d[a] == truth[a]:
@@ -162,7 +164,7 @@ class Adaptspec:
     """adaptspec over vLLM's n-gram, driven as its scheduler drives it (plugins/vllm/
     scheduler.py): each step's feedback (`AdaptiveRuntime.step`, with the step's time where it
     prefilled nothing), then the drafts as proposed, each scored by its request's drafting
-    record (`DraftRecords`), cut to its bound (`draft_bounds`) and trimmed (`cut`). The
+    record (`DraftRecords`), cut and trimmed (`AdaptiveRuntime.keep_drafts`). The
     controller sees step times with `noise` (lognormal sigma), as a server's vary."""
 
     def __init__(self, policy: str, noise: float = 0.05, seed: int = 0,
@@ -195,25 +197,11 @@ class Adaptspec:
 
     def drafts(self, made: dict[int, int], requests: list[Request]) -> dict[int, int]:
         ids = [f"r{r}" for r in made]
-        plan = self.rt.plan_for(ids)
-        bounds = dict(zip(ids, self.rt.draft_bounds(plan), strict=True))
-        out = dict.fromkeys(made, 0)
-        came, lengths, conf, planned = [], [], [], []
-        for r, n in made.items():
-            req, rid = requests[r], f"r{r}"
-            d = req.drafts[n]
-            if not d:
-                continue
-            c = self.records.confidence(rid, req.prompt + req.out[:n], d)
-            if bounds[rid]:
-                came.append(r)
-                lengths.append(min(len(d), bounds[rid]))
-                conf.append(c)
-                planned.append(plan.k_of(rid))
-        if came:
-            cut = self.rt.cut([f"r{r}" for r in came], lengths, conf, planned)
-            out.update(zip(came, cut, strict=True))
-        return out
+        lengths = [len(requests[r].drafts[n]) for r, n in made.items()]
+        conf = [self.records.confidence(rid, requests[r].prompt + requests[r].out[:n],
+                                        requests[r].drafts[n]) if d else math.nan
+                for rid, (r, n), d in zip(ids, made.items(), lengths, strict=True)]
+        return dict(zip(made, self.rt.keep_drafts(ids, lengths, conf), strict=True))
 
 
 def replay(requests: list[Request], policy: Rule | Adaptspec, curve: Sequence[float],

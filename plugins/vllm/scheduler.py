@@ -326,37 +326,24 @@ class _Adaptive:
                         if (req := self.requests.get(r)) is not None and not req.spec_token_ids}
         if report.draft_cost:
             rt.record_draft_cost(*report.draft_cost)
-        drafted: list[Any] = []
-        planned: list[int] = []
-        plan = rt.plan_for(draft_token_ids.req_ids)
-        # A learned K was chosen as if every request drafted; the drafts now show which came
-        # (Controller.draft_bounds): the cut may spend what a request without one left unused.
-        bounds = dict(zip(plan.req_ids, rt.draft_bounds(plan), strict=True))
         records = self._records
-        for req_id in draft_token_ids.req_ids:
-            request = self.requests.get(req_id)
-            if request is None or not request.spec_token_ids:
-                continue
-            if records is not None:
-                confidence[req_id] = records.confidence(req_id, request.all_token_ids,
-                                                        request.spec_token_ids)
-            k = bounds.get(req_id, 0)
-            if len(request.spec_token_ids) > k:
+        req_ids = list(draft_token_ids.req_ids)
+        requests = [self.requests.get(r) for r in req_ids]
+        lengths = [len(q.spec_token_ids) if q is not None else 0 for q in requests]
+        if records is not None:
+            for req_id, request, n in zip(req_ids, requests, lengths, strict=True):
+                if n:
+                    confidence[req_id] = records.confidence(req_id, request.all_token_ids,
+                                                            request.spec_token_ids)
+        # Each draft as proposed is cut to its bound, then the step to the shape that pays;
+        # the proposer's confidence in this very draft (where it gives one) may cut it shorter
+        # than the K the controller planned from class and request history
+        # (AdaptiveRuntime.keep_drafts).
+        keep = rt.keep_drafts(req_ids, lengths,
+                              [confidence.get(r, math.nan) for r in req_ids])
+        for request, n, k in zip(requests, lengths, keep, strict=True):
+            if k < n:
                 request.spec_token_ids = request.spec_token_ids[:k]
-            if k:
-                drafted.append(request)
-                planned.append(plan.k_of(req_id))
-        if drafted:
-            # The drafts as proposed are trimmed to the step shape that pays, and the
-            # proposer's confidence in this very draft (where it gives one) may cut it shorter
-            # than the K the controller planned from class and request history; only past a
-            # learned K where the batch's other drafts did not come, never past the bound.
-            cut = rt.cut([r.request_id for r in drafted],
-                         [len(r.spec_token_ids) for r in drafted],
-                         [confidence.get(r.request_id, math.nan) for r in drafted], planned)
-            for request, k in zip(drafted, cut, strict=True):
-                if k < len(request.spec_token_ids):
-                    request.spec_token_ids = request.spec_token_ids[:k]
 
     def shutdown(self) -> None:
         if self.runtime is not None:
